@@ -1,0 +1,159 @@
+// orthopt bench ns: times orthogonalization per shape and method; reports the median,
+// the effective rate (standard dense NS FLOPs / time, the convention of performance.md),
+// and the relative error against the same iteration in float64.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "orthopt/orthogonalize.h"
+#include "timing.h"
+
+namespace orthopt::cli {
+namespace {
+
+struct NsArgs {
+  std::string device = "cpu";
+  std::vector<std::string> shapes;
+  std::vector<std::string> methods = {"standard", "gram", "auto"};
+  std::string schedule = "polar_express";
+  int steps = 5;
+  std::string compute_dtype;  // empty: the engine's default for the device and method
+  int warmup = 2;
+  int repeats = 10;
+  uint64_t seed = 0;
+  std::string json;
+};
+
+std::vector<int64_t> parse_shape(const std::string& s) {
+  std::vector<int64_t> dims;
+  std::stringstream ss(s);
+  std::string tok;
+  while (std::getline(ss, tok, 'x')) {
+    try {
+      size_t pos = 0;
+      long long v = std::stoll(tok, &pos);
+      if (pos != tok.size() || v <= 0) throw std::invalid_argument(tok);
+      dims.push_back(v);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("argument '--shapes': bad shape '" + s + "' (expected e.g. 1024x1024 or 16x1536x2048)");
+    }
+  }
+  if (dims.size() < 2) throw std::invalid_argument("argument '--shapes': shape '" + s + "' needs at least 2 dims");
+  return dims;
+}
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return at::kFloat;
+  if (s == "fp64" || s == "float64") return at::kDouble;
+  if (s == "bf16" || s == "bfloat16") return at::kBFloat16;
+  if (s == "fp16" || s == "float16") return at::kHalf;
+  throw std::invalid_argument("argument '--compute-dtype': unknown dtype '" + s + "' (fp32, fp64, bf16, fp16)");
+}
+
+// Random input with singular values spread over [1e-3, 1] in log scale, like a gradient.
+at::Tensor spread_input(const std::vector<int64_t>& dims, c10::Device device) {
+  int64_t m = dims[dims.size() - 2], n = dims.back();
+  std::vector<int64_t> batch(dims.begin(), dims.end() - 2);
+  int64_t k = std::min(m, n);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  std::vector<int64_t> ushape = batch, vshape = batch;
+  ushape.push_back(m); ushape.push_back(k);
+  vshape.push_back(n); vshape.push_back(k);
+  auto U = std::get<0>(at::linalg_qr(at::randn(ushape, opts)));
+  auto V = std::get<0>(at::linalg_qr(at::randn(vshape, opts)));
+  auto s = at::pow(10.0, at::linspace(0.0, -3.0, k, opts));
+  return at::matmul(U * s, V.transpose(-2, -1));
+}
+
+int run_ns(const NsArgs& a) {
+  const c10::Device device(a.device);
+  if (device.is_cuda() && !at::hasCUDA())
+    throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
+  std::vector<std::string> shapes = a.shapes;
+  if (shapes.empty()) {
+    shapes = device.is_cuda()
+                 ? std::vector<std::string>{"1024x1024", "2048x2048", "4096x4096", "8192x8192", "4096x14336",
+                                            "16x1536x2048", "128x1536x2048", "32x7168x2048"}
+                 : std::vector<std::string>{"256x256", "512x512", "1024x1024", "512x2048", "2048x512", "8x256x768"};
+  }
+  at::manual_seed(a.seed);
+  nlohmann::json rows = nlohmann::json::array();
+  std::cout << fmt::format("{:<16} {:<9} {:>9} {:>10} {:>12} {:>10}  {}\n", "shape", "method", "ms", "eff GF/s",
+                           "GF/s (done)", "rel err", "compute");
+  for (const auto& shape_str : shapes) {
+    auto dims = parse_shape(shape_str);
+    auto G = spread_input(dims, device);
+    const int64_t r = dims[dims.size() - 2], c = dims.back();
+    const int64_t m = std::min(r, c), n = std::max(r, c);
+    double batch = 1;
+    for (size_t i = 0; i + 2 < dims.size(); ++i) batch *= static_cast<double>(dims[i]);
+
+    OrthoOptions ref_opt;
+    ref_opt.schedule = a.schedule;
+    ref_opt.steps = a.steps;
+    ref_opt.method = OrthoMethod::Standard;
+    ref_opt.compute_dtype = at::kDouble;
+    auto ref = orthogonalize(G.to(at::kDouble), ref_opt);
+
+    for (const auto& method_str : a.methods) {
+      OrthoOptions opt;
+      opt.schedule = a.schedule;
+      opt.steps = a.steps;
+      opt.method = parse_method(method_str);
+      opt.nonfinite = NonFinitePolicy::Propagate;
+      if (!a.compute_dtype.empty()) opt.compute_dtype = parse_dtype(a.compute_dtype);
+      const OrthoMethod used = resolve_method(m, n, opt);
+      const auto compute = resolve_compute_dtype(opt, device, used);
+      at::Tensor out;
+      auto t = bench::time_ms([&] { out = orthogonalize(G, opt); }, device, a.warmup, a.repeats);
+      const double err = ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
+      const double eff = batch * standard_ns_flops(m, n, a.steps) / (t.median_ms * 1e6);
+      const double done = batch * method_flops(m, n, a.steps, used, opt.gram_restarts) / (t.median_ms * 1e6);
+      const std::string label = method_str == "auto" ? std::string("auto:") + to_string(used) : method_str;
+      std::cout << fmt::format("{:<16} {:<9} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e}  {}\n", shape_str, label,
+                               t.median_ms, eff, done, err, c10::toString(compute));
+      rows.push_back({{"shape", shape_str}, {"method", method_str}, {"method_used", to_string(used)},
+                      {"compute_dtype", c10::toString(compute)}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
+                      {"max_ms", t.max_ms}, {"effective_gflops", eff}, {"performed_gflops", done},
+                      {"rel_err_vs_fp64", err}, {"schedule", a.schedule}, {"steps", a.steps}});
+    }
+  }
+  std::cout << "eff GF/s counts dense standard NS FLOPs (steps·(4m²n+2m³)) per matrix; GF/s (done) counts the\n"
+               "products the method performed. rel err: ‖out − ref‖_F/‖ref‖_F, ref = standard NS in float64.\n";
+  if (!a.json.empty()) {
+    nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
+                          {"rows", rows}};
+    std::ofstream f(a.json);
+    if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
+    f << doc.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, Action& action) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<NsArgs>();
+  auto* ns = bench->add_subcommand("ns", "Orthogonalization (Newton–Schulz) timings and accuracy");
+  ns->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  ns->add_option("--shapes", args->shapes, "shapes such as 1024x1024 or 16x1536x2048")->delimiter(',');
+  ns->add_option("--methods", args->methods, "standard, gram, auto")->delimiter(',')
+      ->check(CLI::IsMember({"standard", "gram", "auto"}));
+  ns->add_option("--schedule", args->schedule, "coefficient schedule");
+  ns->add_option("--steps", args->steps, "Newton–Schulz steps")->check(CLI::Range(1, 100));
+  ns->add_option("--compute-dtype", args->compute_dtype, "fp32, fp64, bf16, fp16 (default: per device/method)");
+  ns->add_option("--warmup", args->warmup, "warm-up runs")->check(CLI::Range(0, 1000));
+  ns->add_option("--repeats", args->repeats, "timed runs (median reported)")->check(CLI::Range(1, 100000));
+  ns->add_option("--seed", args->seed, "random seed");
+  ns->add_option("--json", args->json, "also write the results as JSON to this file");
+  ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
+}
+
+}  // namespace orthopt::cli

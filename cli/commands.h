@@ -1,0 +1,14 @@
+#pragma once
+// Each subcommand of the orthopt CLI registers itself on the app; main.cpp lists them.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace orthopt::cli {
+
+// A registered command's action; runs after parsing, returns the process exit code.
+using Action = std::function<int()>;
+
+void register_bench(CLI::App& app, Action& action);
+
+}  // namespace orthopt::cli

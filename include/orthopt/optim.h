@@ -1,0 +1,120 @@
+#pragma once
+// Muon-family and scalar optimizers (algorithms.md §2–7, §9): one optimizer object holds
+// groups of different algorithms, like the dion package.
+//
+// CONTRACT used by the trainer (src/train) and the distributed layer (src/dist); the
+// implementation lives in src/optim. Change this surface only together with its users.
+
+#include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orthopt/orthogonalize.h"
+
+namespace orthopt {
+
+enum class Algorithm { Muon, NorMuon, Dion3, Dion, AdamW, Lion };
+enum class MomentumStyle { Accumulate, Ema };                 // M <- μM + G  |  M <- μM + (1-μ)G
+enum class LrAdjust { SpectralNorm, Jordan, RmsNorm, None };  // algorithms.md §2
+
+const char* to_string(Algorithm a);
+Algorithm parse_algorithm(const std::string& s);  // muon | normuon | dion3 | dion | adamw | lion
+const char* to_string(LrAdjust a);
+LrAdjust parse_lr_adjust(const std::string& s);   // spectral_norm | jordan | rms_norm | none
+bool is_matrix_algorithm(Algorithm a);            // muon, normuon, dion3, dion
+
+// Every option of every algorithm; a group uses those of its algorithm. Defaults follow
+// algorithms.md (dion's defaults for the matrix optimizers).
+struct GroupOptions {
+  Algorithm algorithm = Algorithm::Muon;
+  double lr = 0.01;
+  double weight_decay = 0.01;
+  bool cautious_weight_decay = false;  // decay only where W·U >= 0 (AdamW: same sign)
+  // matrix optimizers
+  double momentum = 0.95;  // μ
+  MomentumStyle momentum_style = MomentumStyle::Accumulate;
+  bool nesterov = false;
+  LrAdjust lr_adjust = LrAdjust::SpectralNorm;
+  OrthoOptions ortho;          // schedule, steps, method, compute dtype, split_sizes, flatten
+  double normuon_beta2 = 0.95; // NorMuon / Dion3 row variance
+  double normuon_eps = 1e-8;
+  double fraction = 0.25;      // Dion3 row fraction f
+  bool scale_lr_by_fraction = false;  // Dion3: lr / sqrt(f)
+  double rank_fraction = 0.25; // Dion
+  // scalar optimizers (AdamW, Lion)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  // bf16/fp16 parameters keep an fp32 master copy in the optimizer state
+  bool master_weights = false;
+};
+
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;  // empty, or one per param (used in error messages)
+  GroupOptions options;
+};
+
+class OptimizerImpl;
+
+class Optimizer {
+ public:
+  // Validates everything (shapes against the algorithm, options, duplicates across groups,
+  // split sizes) and throws c10::Error naming the parameter and the option.
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  ~Optimizer();
+  Optimizer(Optimizer&&) noexcept;
+  Optimizer& operator=(Optimizer&&) noexcept;
+
+  // One step over every parameter that has a gradient (params with undefined grad are
+  // skipped). Same-shaped matrices in a group are orthogonalized in one batched call.
+  void step();
+  void zero_grad(bool set_to_none = true);
+
+  const std::vector<ParamGroup>& param_groups() const;
+  // Host-side change of a group's options (e.g. lr); validated like the constructor.
+  void set_group_options(size_t group, const GroupOptions& options);
+
+  // Time-varying hyperparameters as device tensors (0-d fp32 on the params' device),
+  // read by step() without host synchronization (CUDA-graph friendly):
+  //   lr_scale multiplies every group's lr (the schedule factor), default 1;
+  //   skip_factor multiplies the update AND every state change: 0 leaves params and all
+  //   state bit-identical, 1 is a normal step.
+  void set_lr_scale(double factor);
+  void set_skip_factor(const at::Tensor& factor);  // copied in place (0-d, any device)
+  const at::Tensor& lr_scale() const;
+  const at::Tensor& skip_factor() const;
+  int64_t step_count() const;  // optimizer steps taken (skipped steps do not count)
+
+  // Full state (per-param state, step counters, device hyperparameters) through torch
+  // serialization. load() checks algorithm, group structure and shapes first and throws
+  // without changing anything on a mismatch.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  // Bytes of optimizer state held (for the memory-per-rank checks of the distributed layer).
+  int64_t state_bytes() const;
+
+ private:
+  std::unique_ptr<OptimizerImpl> impl_;
+};
+
+// Routing helper (algorithms.md §7): 2-D weights inside blocks and 3-D expert stacks go to
+// a matrix group with `matrix` options; embeddings, the output head and 1-D params go to
+// AdamW with `scalar` options (weight decay 0 for embeddings and head).
+struct RoutingOptions {
+  GroupOptions matrix;                     // algorithm: a matrix algorithm (default muon)
+  GroupOptions scalar = [] { GroupOptions g; g.algorithm = Algorithm::AdamW; g.lr = 3e-3; g.weight_decay = 0.01; return g; }();
+  std::vector<std::string> embedding_patterns = {"embed", "wte", "tok_emb"};  // substrings of names
+  std::vector<std::string> head_patterns = {"lm_head", "head", "output"};
+  // Name-pattern overrides (std::regex search on the name), first match wins.
+  std::vector<std::pair<std::string, GroupOptions>> overrides;
+};
+
+std::vector<ParamGroup> route_params(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                     const RoutingOptions& routing);
+
+}  // namespace orthopt

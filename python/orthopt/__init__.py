@@ -1,0 +1,10 @@
+"""orthopt: Muon-family (orthogonal-update) optimizers on a C++ engine.
+
+The heavy lifting is in the C++ library (``orthopt._C``); this package adds the
+``torch.optim`` front ends.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from ._C import orthogonalize, schedules  # noqa: F401
+
+__all__ = ["orthogonalize", "schedules"]

@@ -1,0 +1,81 @@
+// orthopt._C: Python bindings over the C++ library (thin; the logic lives in src/).
+#include <torch/extension.h>
+
+#include "orthopt/orthogonalize.h"
+#include "orthopt/runtime.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace {
+
+at::Tensor py_orthogonalize(const at::Tensor& G, const py::object& schedule, int steps, const std::string& method,
+                            const py::object& compute_dtype, const std::vector<int>& restarts,
+                            const std::vector<int64_t>& split_sizes, bool flatten, double gram_aspect_threshold,
+                            const py::object& safety, const py::object& eps, const std::string& nonfinite) {
+  orthopt::OrthoOptions opt;
+  if (py::isinstance<py::str>(schedule)) {
+    opt.schedule = schedule.cast<std::string>();
+  } else {
+    opt.schedule = "custom";
+    for (auto t : schedule) {
+      auto v = t.cast<std::vector<double>>();
+      TORCH_CHECK(v.size() == 3, "argument 'schedule': custom triples must have 3 entries (a, b, c), got ", v.size());
+      opt.custom_triples.push_back({v[0], v[1], v[2]});
+    }
+  }
+  opt.steps = steps;
+  opt.method = orthopt::parse_method(method);
+  if (!compute_dtype.is_none()) opt.compute_dtype = orthopt::python::to_scalar_type(compute_dtype, "compute_dtype");
+  opt.gram_restarts = restarts;
+  opt.split_sizes = split_sizes;
+  opt.flatten = flatten;
+  opt.gram_aspect_threshold = gram_aspect_threshold;
+  if (!safety.is_none()) opt.safety = safety.cast<double>();
+  if (!eps.is_none()) opt.eps = eps.cast<double>();
+  TORCH_CHECK(nonfinite == "error" || nonfinite == "propagate",
+              "argument 'nonfinite': expected 'error' or 'propagate', got '", nonfinite, "'");
+  opt.nonfinite = nonfinite == "error" ? orthopt::NonFinitePolicy::Error : orthopt::NonFinitePolicy::Propagate;
+  py::gil_scoped_release nogil;
+  return orthopt::orthogonalize(G, opt);
+}
+
+py::list py_schedules() {
+  py::list out;
+  for (const auto& s : orthopt::builtin_schedules()) {
+    py::dict d;
+    d["name"] = s.name;
+    py::list triples;
+    for (const auto& t : s.triples) triples.append(py::make_tuple(t[0], t[1], t[2]));
+    d["triples"] = triples;
+    d["tail"] = py::make_tuple(s.tail[0], s.tail[1], s.tail[2]);
+    d["safety"] = s.safety;
+    d["eps"] = s.eps;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace orthopt::python {
+
+at::ScalarType to_scalar_type(const py::object& dtype, const char* arg) {
+  TORCH_CHECK(THPDtype_Check(dtype.ptr()), "argument '", arg, "': expected a torch.dtype");
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+}  // namespace orthopt::python
+
+PYBIND11_MODULE(_C, m) {
+  orthopt::init_runtime();
+  m.doc() = "orthopt C++ core";
+  m.def("orthogonalize", &py_orthogonalize, py::arg("G"), py::arg("schedule") = "polar_express",
+        py::arg("steps") = 5, py::arg("method") = "auto", py::arg("compute_dtype") = py::none(),
+        py::arg("restarts") = std::vector<int>{2}, py::arg("split_sizes") = std::vector<int64_t>{},
+        py::arg("flatten") = false, py::arg("gram_aspect_threshold") = 1.5, py::arg("safety") = py::none(),
+        py::arg("eps") = py::none(), py::arg("nonfinite") = "error",
+        "Approximate polar factor of G [m, n] or [..., m, n] by Newton–Schulz.");
+  m.def("schedules", &py_schedules, "Each built-in schedule's name, triples, tail, safety and eps.");
+  orthopt::python::register_all(m);
+}

@@ -1,0 +1,215 @@
+#include "orthopt/orthogonalize.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "ortho/products.h"
+
+namespace orthopt {
+namespace {
+
+using detail::Precision;
+
+constexpr int kMaxSteps = 100;
+
+// Standard NS on X [B, m, n], m <= n, already normalized and in the compute dtype.
+at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precision& p) {
+  for (int t = 0; t < steps; ++t) {
+    const auto& [a, b, c] = s.at_step(t);
+    auto A = detail::gram_product(X, p);              // X·Xᵀ
+    auto B = detail::sym_addmm(A, A, A, b, c, p);     // b·A + c·A·A
+    X = detail::addmm(X, B, X, a, 1.0, p);            // a·X + B·X
+  }
+  return X;
+}
+
+// Gram NS (algorithms.md §1.1) on X [B, m, n], m <= n.
+at::Tensor gram_ns(at::Tensor X, const Schedule& s, int steps, const std::vector<int>& restarts,
+                   const Precision& p) {
+  auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
+  auto R = detail::gram_product(X, p);
+  at::Tensor Q;
+  bool fresh = true;
+  for (int t = 0; t < steps; ++t) {
+    if (t > 0 && is_restart(t)) {
+      X = detail::mm(Q, X, p);
+      R = detail::gram_product(X, p);
+      fresh = true;
+    }
+    const auto& [a, b, c] = s.at_step(t);
+    auto Z = detail::sym_addmm(R, R, R, b, c, p);  // b·R + c·R·R
+    if (fresh) {
+      Q = detail::plus_identity(Z, a, p);          // Z + a·I
+      fresh = false;
+    } else {
+      Q = detail::sym_addmm(Q, Q, Z, a, 1.0, p);   // Q·Z + a·Q
+    }
+    // R is not needed after the last step or right before a restart recomputes it.
+    if (t + 1 == steps || is_restart(t + 1)) continue;
+    auto RZ = detail::sym_addmm(R, R, Z, a, 1.0, p);   // R·Z + a·R
+    R = detail::sym_addmm(RZ, Z, RZ, a, 1.0, p);       // Z·RZ + a·RZ
+  }
+  return detail::mm(Q, X, p);
+}
+
+// Orthogonalizes a batch [B, r, c] (any orientation); returns fp32/fp64 [B, r, c].
+at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, const Schedule& s) {
+  const bool tall = G3.size(1) > G3.size(2);
+  at::Tensor X = tall ? G3.transpose(1, 2) : G3;
+  const int64_t m = X.size(1), n = X.size(2);
+  const OrthoMethod method = resolve_method(m, n, opt);
+  const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
+
+  // Normalization always in fp32 (or fp64 when that is the compute dtype), per matrix.
+  const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
+  X = X.to(norm_dtype);
+  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  X = (X / (norm * s.safety + s.eps)).to(compute).contiguous();
+
+  const Precision p = Precision::of(compute, G3.device());
+  X = method == OrthoMethod::Gram ? gram_ns(X, s, opt.steps, opt.gram_restarts, p)
+                                  : standard_ns(X, s, opt.steps, p);
+  if (tall) X = X.transpose(1, 2);
+  return X;
+}
+
+// [..., r, c] -> batched orthogonalization, no splitting.
+at::Tensor orthogonalize_matrices(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s) {
+  auto G3 = G.reshape({-1, G.size(-2), G.size(-1)});
+  return orthogonalize_batch(G3, opt, s).reshape(G.sizes());
+}
+
+// Split rows into blocks; same-sized blocks are stacked into one batched call.
+at::Tensor orthogonalize_split(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s) {
+  auto blocks = G.split_with_sizes(opt.split_sizes, -2);
+  std::vector<at::Tensor> out(blocks.size());
+  std::map<int64_t, std::vector<size_t>> by_size;
+  for (size_t i = 0; i < blocks.size(); ++i) by_size[opt.split_sizes[i]].push_back(i);
+  for (const auto& [size, idx] : by_size) {
+    std::vector<at::Tensor> group;
+    for (size_t i : idx) group.push_back(blocks[i]);
+    auto res = orthogonalize_matrices(at::stack(group, 0), opt, s);
+    for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = res[static_cast<int64_t>(j)];
+  }
+  return at::cat(out, -2);
+}
+
+bool is_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+}  // namespace
+
+const char* to_string(OrthoMethod m) {
+  switch (m) {
+    case OrthoMethod::Standard: return "standard";
+    case OrthoMethod::Gram: return "gram";
+    case OrthoMethod::Auto: return "auto";
+  }
+  return "?";
+}
+
+OrthoMethod parse_method(const std::string& s) {
+  if (s == "standard") return OrthoMethod::Standard;
+  if (s == "gram") return OrthoMethod::Gram;
+  if (s == "auto") return OrthoMethod::Auto;
+  TORCH_CHECK(false, "argument 'method': unknown method '", s, "' (known: standard, gram, auto)");
+}
+
+Schedule resolve_schedule(const OrthoOptions& opt) {
+  Schedule s = opt.schedule == "custom"
+                   ? custom_schedule(opt.custom_triples, opt.safety.value_or(1.0), opt.eps.value_or(1e-7))
+                   : find_schedule(opt.schedule);
+  if (opt.safety) {
+    TORCH_CHECK(std::isfinite(*opt.safety) && *opt.safety > 0, "argument 'safety': must be finite and > 0, got ", *opt.safety);
+    s.safety = *opt.safety;
+  }
+  if (opt.eps) {
+    TORCH_CHECK(std::isfinite(*opt.eps) && *opt.eps >= 0, "argument 'eps': must be finite and >= 0, got ", *opt.eps);
+    s.eps = *opt.eps;
+  }
+  return s;
+}
+
+OrthoMethod resolve_method(int64_t rows, int64_t cols, const OrthoOptions& opt) {
+  if (opt.method != OrthoMethod::Auto) return opt.method;
+  return static_cast<double>(cols) >= opt.gram_aspect_threshold * static_cast<double>(rows)
+             ? OrthoMethod::Gram
+             : OrthoMethod::Standard;
+}
+
+at::ScalarType resolve_compute_dtype(const OrthoOptions& opt, c10::Device device, OrthoMethod method) {
+  if (opt.compute_dtype) return *opt.compute_dtype;
+  if (device.is_cpu()) return at::kFloat;
+  return method == OrthoMethod::Gram ? at::kHalf : at::kBFloat16;
+}
+
+double standard_ns_flops(int64_t rows, int64_t cols, int steps) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  return steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+double method_flops(int64_t rows, int64_t cols, int steps, OrthoMethod method, const std::vector<int>& restarts) {
+  if (method != OrthoMethod::Gram) return standard_ns_flops(rows, cols, steps);
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
+  double f = 2.0 * m * m * n;  // R = X·Xᵀ
+  bool fresh = true;
+  for (int t = 0; t < steps; ++t) {
+    if (t > 0 && is_restart(t)) { f += 4.0 * m * m * n; fresh = true; }
+    f += 2.0 * m * m * m;                    // R·R
+    if (!fresh) f += 2.0 * m * m * m;        // Q·Z
+    fresh = false;
+    if (t + 1 == steps || is_restart(t + 1)) continue;
+    f += 4.0 * m * m * m;                    // R·Z, Z·RZ
+  }
+  return f + 2.0 * m * m * n;                // Q·X
+}
+
+void validate_ortho_args(const at::Tensor& G, const OrthoOptions& opt) {
+  TORCH_CHECK(G.defined(), "argument 'G': undefined tensor");
+  TORCH_CHECK(G.dim() >= 2, "argument 'G': expected a matrix [m, n] or a batch [..., m, n], got a ", G.dim(),
+              "-D tensor of shape ", G.sizes());
+  for (int64_t d = 0; d < G.dim(); ++d)
+    TORCH_CHECK(G.size(d) > 0, "argument 'G': dimension ", d, " is empty (shape ", G.sizes(), ")");
+  TORCH_CHECK(is_float(G.scalar_type()), "argument 'G': expected a floating-point tensor, got dtype ",
+              G.scalar_type());
+  TORCH_CHECK(!G.is_sparse(), "argument 'G': sparse tensors are not supported");
+  TORCH_CHECK(opt.steps >= 1 && opt.steps <= kMaxSteps, "argument 'steps': must be in [1, ", kMaxSteps, "], got ",
+              opt.steps);
+  for (int r : opt.gram_restarts)
+    TORCH_CHECK(r >= 1 && r < opt.steps, "argument 'restarts': restart index ", r, " is outside the step range [1, ",
+                opt.steps - 1, "] for steps=", opt.steps);
+  TORCH_CHECK(std::isfinite(opt.gram_aspect_threshold) && opt.gram_aspect_threshold >= 1.0,
+              "argument 'gram_aspect_threshold': must be >= 1, got ", opt.gram_aspect_threshold);
+  if (opt.compute_dtype)
+    TORCH_CHECK(is_float(*opt.compute_dtype), "argument 'compute_dtype': expected a floating-point dtype, got ",
+                *opt.compute_dtype);
+  (void)resolve_schedule(opt);  // throws on an unknown schedule or bad overrides
+  const int64_t rows = opt.flatten ? G.size(0) : G.size(-2);
+  if (!opt.split_sizes.empty()) {
+    int64_t sum = 0;
+    for (int64_t s : opt.split_sizes) {
+      TORCH_CHECK(s > 0, "argument 'split_sizes': sizes must be positive, got ", s);
+      sum += s;
+    }
+    TORCH_CHECK(sum == rows, "argument 'split_sizes': sizes sum to ", sum, " but the matrix has ", rows, " rows");
+  }
+  if (opt.nonfinite == NonFinitePolicy::Error)
+    TORCH_CHECK(at::isfinite(G).all().item<bool>(),
+                "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
+}
+
+at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
+  validate_ortho_args(G, opt);
+  const Schedule s = resolve_schedule(opt);
+  at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
+  at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s) : orthogonalize_split(M, opt, s);
+  return out.reshape(G.sizes()).to(G.scalar_type());
+}
+
+}  // namespace orthopt

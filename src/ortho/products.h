@@ -1,0 +1,33 @@
+#pragma once
+// The matrix products of Newton–Schulz, on batched [B, r, c] tensors in the compute dtype.
+// This is the one place where the GPU kernels (symmetric products, cuBLASLt epilogues)
+// plug in; the reference path is ATen.
+//
+// On the CPU, half-precision compute dtypes are emulated: operands are widened to fp32,
+// multiplied with fp32 accumulation, and the result is rounded once to the compute dtype,
+// which is what a GPU tensor-core product with an fp32 epilogue does.
+
+#include <ATen/ATen.h>
+
+namespace orthopt::detail {
+
+struct Precision {
+  at::ScalarType dtype;
+  bool emulate;  // CPU + half/bfloat16
+  static Precision of(at::ScalarType dtype, c10::Device device);
+};
+
+// X·Xᵀ (symmetric result).
+at::Tensor gram_product(const at::Tensor& X, const Precision& p);
+// beta·C + alpha·A·B where A, B are commuting symmetric matrices (symmetric result).
+at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
+                     double alpha, const Precision& p);
+// beta·C + alpha·A·X for a general X.
+at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, double beta,
+                 double alpha, const Precision& p);
+// A·X for a general X.
+at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p);
+// Z + a·I (per batch entry).
+at::Tensor plus_identity(const at::Tensor& Z, double a, const Precision& p);
+
+}  // namespace orthopt::detail
