@@ -306,8 +306,10 @@ TEST_F(Orthogonalize, GramEqualsStandard) {
 
 TEST_F(Orthogonalize, Fp16GramWithRestartStaysNearFloat64Standard) {
   // fp16 Gram (CPU emulation: fp32 accumulate, one rounding to fp16 per product) on singular
-  // values 1e-3..1, vs the float64 reference of standard NS. Measured (4×[64, 256], seed 1234):
-  // FILLED IN BELOW.
+  // values 1e-3..1, vs the float64 reference of standard NS. Measured on 4×[64, 256]:
+  // with restart [2]: 3.3e-2 (gram schedule), 4.2e-2 (polar_express); other seeds 3.2e-2..4.5e-2.
+  // Without restart: 0.72 and 1.10 (0.61..1.22 over seeds): the spurious negative eigenvalues
+  // of R grow unchecked. Bound 0.06: the worst measured (4.5e-2) with a 1.3× margin.
   auto G = spread_batch(4, 64, 256).to(torch::kFloat32);
   for (const std::string name : {"gram", "polar_express"}) {
     auto ref = reference_ns(G, ref_schedule(name), 5);
@@ -318,8 +320,8 @@ TEST_F(Orthogonalize, Fp16GramWithRestartStaysNearFloat64Standard) {
     const double err_with = rel_err(out, ref), err_without = rel_err(orthopt::orthogonalize(G, without), ref);
     std::printf("fp16 gram %s: restart [2] %.3e, no restart %.3e\n", name.c_str(), err_with, err_without);
     EXPECT_EQ(out.scalar_type(), torch::kFloat32);
-    EXPECT_LT(err_with, 1.0);
-    EXPECT_LT(err_with, err_without);
+    EXPECT_LT(err_with, 0.06);
+    EXPECT_GT(err_without, 5 * err_with);  // measured ≥ 15×
   }
 }
 
@@ -341,20 +343,40 @@ TEST_F(Orthogonalize, ManyStepsApproachSvdPolarFactor) {
   }
 }
 
+// NS acts on each singular value separately: σ_out = p₅(…p₁(σ / (‖G‖_F·s + ε))). The singular
+// values of the output must be that scalar composition of the input's (an exact prediction), and
+// they lie in a band. Measured band (fp32, standard and auto, shapes below, 3 seeds):
+// [0.4190, 1.1409]. The top is the maximum of the composed polynomial (1.1411 on a fine grid).
+// The bottom is not the polynomial's minimum on [1e-3/1.02, 1] (0.847): the Frobenius norm of a
+// 64-rank input with log-spaced σ in [1e-3, 1] is ≈ 2.26, so the smallest normalized σ is
+// ≈ 4.3e-4 and maps to 0.419. Smaller ranks give higher bottoms.
 TEST_F(Orthogonalize, PolarExpressSingularValueBand) {
-  // FILLED IN BELOW.
-  double lo = 1e9, hi = 0;
+  const RefSchedule pe = ref_schedule("polar_express");
+  double lo = 1e9, hi = 0, worst_prediction = 0;
   for (const auto& mn : std::vector<std::array<int64_t, 2>>{{64, 64}, {32, 128}, {128, 32}, {48, 80}}) {
     for (int rep = 0; rep < 3; ++rep) {
-      auto G = spread_matrix(mn[0], mn[1]).to(torch::kFloat32);
+      auto G64 = spread_matrix(mn[0], mn[1]);
+      auto G = G64.to(torch::kFloat32);
+      // The prediction, from the input's singular values alone.
+      auto x = at::linalg_svdvals(G.to(torch::kFloat64));
+      x = x / (G.to(torch::kFloat64).norm() * pe.safety + pe.eps);
+      for (const auto& c : pe.triples) x = c[0] * x + c[1] * x.pow(3) + c[2] * x.pow(5);
+      auto predicted = std::get<0>(x.sort(0, /*descending=*/true));
       for (auto method : {OrthoMethod::Standard, OrthoMethod::Auto}) {
-        auto sv = at::linalg_svdvals(orthopt::orthogonalize(G, options("polar_express", method, at::kFloat)).to(torch::kFloat64));
+        auto out = orthopt::orthogonalize(G, options("polar_express", method, at::kFloat));
+        auto sv = at::linalg_svdvals(out.to(torch::kFloat64));
         lo = std::min(lo, sv.min().item<double>());
         hi = std::max(hi, sv.max().item<double>());
+        worst_prediction = std::max(worst_prediction, max_abs_diff(sv, predicted));
       }
     }
   }
-  std::printf("polar_express 5 steps, fp32: singular values in [%.4f, %.4f]\n", lo, hi);
+  std::printf("polar_express 5 steps, fp32: singular values in [%.4f, %.4f], max |σ - predicted| %.2e\n", lo,
+              hi, worst_prediction);
+  EXPECT_GE(lo, 0.41);
+  EXPECT_LE(hi, 1.15);
+  // fp32 (Gram for the wide shapes under auto): measured 1e-4 at most.
+  EXPECT_LT(worst_prediction, 1e-3);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,7 +402,12 @@ TEST_F(Orthogonalize, TallEqualsTransposeOfWide) {
     auto W = spread_batch(2, 32, 96).to(torch::kFloat32);
     auto wide = orthopt::orthogonalize(W, options("polar_express", method, at::kFloat));
     auto tall = orthopt::orthogonalize(W.transpose(-2, -1).contiguous(), options("polar_express", method, at::kFloat));
-    EXPECT_LT(max_abs_diff(tall, wide.transpose(-2, -1)), 1e-6);
+    // Same math; only the reduction order of the fp32 norm differs (the tall input is read
+    // through a transposed view), and Gram NS amplifies that last-bit difference most.
+    // Measured: standard 2e-6, Gram 4e-5 max abs; relative Frobenius below.
+    const double err = rel_err(tall, wide.transpose(-2, -1));
+    std::printf("tall vs transposed wide (%s): rel %.2e\n", orthopt::to_string(method), err);
+    EXPECT_LT(err, method == OrthoMethod::Standard ? 1e-6 : 1e-5);
   }
 }
 
@@ -459,7 +486,7 @@ TEST_F(Orthogonalize, HalfInputReturnsItsDtype) {
     EXPECT_EQ(out.sizes(), G.sizes());
     // The reference sees the same rounded input; what remains is fp32 compute plus one rounding
     // of the output to bf16 (8 significant bits, 2^-9 ≈ 2e-3) or fp16 (2^-12 ≈ 2.4e-4).
-    EXPECT_LT(rel_err(out, reference_ns(Gh, ref_schedule("polar_express"), 5)), dtype == torch::kBFloat16 ? 1e-2 : 2e-3)
+    EXPECT_LT(rel_err(out, reference_ns(Gh, ref_schedule("polar_express"), 5)), dtype == torch::kBFloat16 ? 5e-3 : 1e-3)
         << dtype;
   }
   // float64 input at the default (fp32) compute comes back as float64.

@@ -199,7 +199,7 @@ def test_returns_input_dtype(dtype):
     assert out.dtype == dtype and out.shape == G.shape
     # The reference sees the same rounded input; what remains is fp32 compute plus one rounding
     # of the output to bf16 (8 significant bits, 2^-9 ≈ 2e-3) or fp16 (2^-12 ≈ 2.4e-4).
-    assert rel_err(out, reference_ns(G, "polar_express")) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    assert rel_err(out, reference_ns(G, "polar_express")) < (5e-3 if dtype == torch.bfloat16 else 1e-3)
 
 
 def test_zero_matrix_gives_zeros():
