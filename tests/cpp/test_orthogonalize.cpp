@@ -321,13 +321,16 @@ TEST_F(Orthogonalize, Fp16GramWithRestartStaysNearFloat64Standard) {
     std::printf("fp16 gram %s: restart [2] %.3e, no restart %.3e\n", name.c_str(), err_with, err_without);
     EXPECT_EQ(out.scalar_type(), torch::kFloat32);
     EXPECT_LT(err_with, 0.06);
-    EXPECT_GT(err_without, 5 * err_with);  // measured ≥ 15×
+    EXPECT_GT(err_without, 5 * err_with);  // measured ≥ 18×
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Convergence to the polar factor and the singular-value band.
 
+// σ in [0.5, 1]: after 30 steps of polar_express_paper (its tail has p(1) = 1, p'(1) = p''(1) = 0)
+// every singular value has converged to 1. Measured: fp32 1.0e-6..1.3e-6 (fp32 rounding of an
+// orthogonal matrix), fp64 2.5e-15..3.2e-15.
 TEST_F(Orthogonalize, ManyStepsApproachSvdPolarFactor) {
   for (const auto& mn : std::vector<std::array<int64_t, 2>>{{48, 96}, {96, 48}, {64, 64}}) {
     auto G = spread_matrix(mn[0], mn[1], 0.5, 1.0);
