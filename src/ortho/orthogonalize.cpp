@@ -66,7 +66,7 @@ at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, co
 
   // Normalization always in fp32 (or fp64 when that is the compute dtype), per matrix.
   const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
-  X = X.to(norm_dtype);
+  X = X.to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
   auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
   X = (X / (norm * s.safety + s.eps)).to(compute).contiguous();
 
