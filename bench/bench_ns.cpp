@@ -1,6 +1,8 @@
 // orthopt bench ns: times orthogonalization per shape and method; reports the median,
 // the effective rate (standard dense NS FLOPs / time, the convention of performance.md),
-// and the relative error against the same iteration in float64.
+// and the relative error against the same iteration in float64. In the same run it times a
+// peer, dense torch Newton–Schulz written below, and on CUDA the FLOP floor of the method
+// (its FLOPs with symmetric products at half cost, at --peak-tflops) and our fraction of it.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,6 +28,8 @@ struct NsArgs {
   int warmup = 2;
   int repeats = 10;
   uint64_t seed = 0;
+  double peak_tflops = 746.0;  // bf16 8192³ product measured on the reference H100 (performance.md)
+  bool peer = true;
   std::string json;
 };
 
@@ -70,6 +74,38 @@ at::Tensor spread_input(const std::vector<int64_t>& dims, c10::Device device) {
   return at::matmul(U * s, V.transpose(-2, -1));
 }
 
+// The peer: dense Newton–Schulz in plain torch, the formulation of torch.optim.Muon (fp32
+// normalization, compute dtype iteration, A = X·Xᵀ, B = b·A + c·A·A, X = a·X + B·X, each
+// product one cuBLAS call with its β·C epilogue), same schedule and orientation as ours.
+at::Tensor torch_dense_ns(const at::Tensor& G, const Schedule& s, int steps, at::ScalarType compute) {
+  at::Tensor X = G.reshape({-1, G.size(-2), G.size(-1)});
+  const bool tall = X.size(1) > X.size(2);
+  if (tall) X = X.transpose(1, 2);
+  X = X.to(at::kFloat);
+  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  X = (X / (norm * s.safety + s.eps)).to(compute);
+  for (int t = 0; t < steps; ++t) {
+    const auto& [a, b, c] = s.at_step(t);
+    auto A = at::bmm(X, X.transpose(1, 2));
+    auto B = at::baddbmm(A, A, A, b, c);
+    X = at::baddbmm(X, B, X, a, 1.0);
+  }
+  if (tall) X = X.transpose(1, 2);
+  return X.reshape(G.sizes()).to(G.scalar_type());
+}
+
+// FLOPs of the method with every symmetric m×m result computed at half cost (the floors of
+// performance.md): standard 15m²n + 5m³ per 5 steps; Gram 6m²n + 14m³ with one restart.
+double symmetric_floor_flops(int64_t m, int64_t n, int steps, OrthoMethod method, const std::vector<int>& restarts) {
+  const double M = static_cast<double>(m), N = static_cast<double>(n);
+  if (method != OrthoMethod::Gram) return steps * (3.0 * M * M * N + M * M * M);
+  // Dense Gram FLOPs split into the m²n products (R = X·Xᵀ once per (re)start, symmetric: half;
+  // Q·X once per restart and at the end: full) and the m³ products (all symmetric: half).
+  const double starts = 1.0 + static_cast<double>(restarts.size());
+  const double cubic = method_flops(m, n, steps, method, restarts) - 4.0 * M * M * N * starts;
+  return 0.5 * cubic + 3.0 * M * M * N * starts;
+}
+
 int run_ns(const NsArgs& a) {
   const c10::Device device(a.device);
   if (device.is_cuda() && !at::hasCUDA())
@@ -83,8 +119,9 @@ int run_ns(const NsArgs& a) {
   }
   at::manual_seed(a.seed);
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << fmt::format("{:<16} {:<9} {:>9} {:>10} {:>12} {:>10}  {}\n", "shape", "method", "ms", "eff GF/s",
-                           "GF/s (done)", "rel err", "compute");
+  std::cout << fmt::format("{:<16} {:<14} {:>9} {:>10} {:>12} {:>10} {:>9} {:>7} {:>9} {:>7}  {}\n", "shape", "method",
+                           "ms", "eff GF/s", "GF/s (done)", "rel err", "peer ms", "peer/us", "floor ms",
+                           "of floor", "compute");
   for (const auto& shape_str : shapes) {
     auto dims = parse_shape(shape_str);
     auto G = spread_input(dims, device);
@@ -100,6 +137,31 @@ int run_ns(const NsArgs& a) {
     ref_opt.compute_dtype = at::kDouble;
     auto ref = orthogonalize(G.to(at::kDouble), ref_opt);
 
+    // Inputs that fit in L2 (50 MB on an H100) are rotated so repeats do not time the cache.
+    const double bytes = static_cast<double>(G.numel()) * 4.0;
+    std::vector<at::Tensor> inputs{G};
+    if (device.is_cuda() && bytes < 64e6)
+      for (int i = 1; i < 4; ++i) inputs.push_back(spread_input(dims, device));
+    size_t turn = 0;
+    auto next_input = [&]() -> const at::Tensor& { return inputs[turn++ % inputs.size()]; };
+
+    const Schedule sched = resolve_schedule(ref_opt);
+    double peer_ms = 0, peer_err = 0;
+    const at::ScalarType peer_dtype = !a.compute_dtype.empty() ? parse_dtype(a.compute_dtype)
+                                                               : (device.is_cuda() ? at::kBFloat16 : at::kFloat);
+    if (a.peer) {
+      at::Tensor peer_out = torch_dense_ns(G, sched, a.steps, peer_dtype);
+      peer_err = ((peer_out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
+      peer_ms = bench::time_ms([&] { peer_out = torch_dense_ns(next_input(), sched, a.steps, peer_dtype); }, device,
+                               a.warmup, a.repeats).median_ms;
+      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
+                               shape_str, "peer:torch", peer_ms,
+                               batch * standard_ns_flops(m, n, a.steps) / (peer_ms * 1e6), "", peer_err, "", "",
+                               "", "", c10::toString(peer_dtype));
+      rows.push_back({{"shape", shape_str}, {"method", "peer_torch_dense"}, {"compute_dtype", c10::toString(peer_dtype)},
+                      {"median_ms", peer_ms}, {"rel_err_vs_fp64", peer_err}});
+    }
+
     for (const auto& method_str : a.methods) {
       OrthoOptions opt;
       opt.schedule = a.schedule;
@@ -109,22 +171,34 @@ int run_ns(const NsArgs& a) {
       if (!a.compute_dtype.empty()) opt.compute_dtype = parse_dtype(a.compute_dtype);
       const OrthoMethod used = resolve_method(m, n, opt);
       const auto compute = resolve_compute_dtype(opt, device, used);
-      at::Tensor out;
-      auto t = bench::time_ms([&] { out = orthogonalize(G, opt); }, device, a.warmup, a.repeats);
+      at::Tensor out = orthogonalize(G, opt);
       const double err = ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
+      auto t = bench::time_ms([&] { out = orthogonalize(next_input(), opt); }, device, a.warmup, a.repeats);
       const double eff = batch * standard_ns_flops(m, n, a.steps) / (t.median_ms * 1e6);
       const double done = batch * method_flops(m, n, a.steps, used, opt.gram_restarts) / (t.median_ms * 1e6);
       const std::string label = method_str == "auto" ? std::string("auto:") + to_string(used) : method_str;
-      std::cout << fmt::format("{:<16} {:<9} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e}  {}\n", shape_str, label,
-                               t.median_ms, eff, done, err, c10::toString(compute));
+      const double floor_ms =
+          batch * symmetric_floor_flops(m, n, a.steps, used, opt.gram_restarts) / (a.peak_tflops * 1e9);
+      const std::string peer_col = a.peer ? fmt::format("{:.2f}", peer_ms / t.median_ms) : "-";
+      const std::string floor_col = device.is_cuda() ? fmt::format("{:.3f}", floor_ms) : "-";
+      const std::string frac_col = device.is_cuda() ? fmt::format("{:.2f}", floor_ms / t.median_ms) : "-";
+      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
+                               shape_str, label, t.median_ms, eff, done, err, a.peer ? fmt::format("{:.3f}", peer_ms) : "-",
+                               peer_col, floor_col, frac_col, c10::toString(compute));
       rows.push_back({{"shape", shape_str}, {"method", method_str}, {"method_used", to_string(used)},
                       {"compute_dtype", c10::toString(compute)}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
                       {"max_ms", t.max_ms}, {"effective_gflops", eff}, {"performed_gflops", done},
-                      {"rel_err_vs_fp64", err}, {"schedule", a.schedule}, {"steps", a.steps}});
+                      {"rel_err_vs_fp64", err}, {"schedule", a.schedule}, {"steps", a.steps},
+                      {"peer_ms", a.peer ? nlohmann::json(peer_ms) : nlohmann::json()},
+                      {"floor_ms", device.is_cuda() ? nlohmann::json(floor_ms) : nlohmann::json()}});
     }
   }
   std::cout << "eff GF/s counts dense standard NS FLOPs (steps·(4m²n+2m³)) per matrix; GF/s (done) counts the\n"
-               "products the method performed. rel err: ‖out − ref‖_F/‖ref‖_F, ref = standard NS in float64.\n";
+               "products the method performed. rel err: ‖out − ref‖_F/‖ref‖_F, ref = standard NS in float64.\n"
+               "peer: dense torch NS (bmm/baddbmm) in the same run; peer/us = peer ms / our ms (> 1: we are faster).\n";
+  if (device.is_cuda())
+    std::cout << fmt::format("floor: the method's FLOPs with symmetric products at half cost, at {:.0f} TFLOP/s; "
+                             "of floor = floor ms / our ms.\n", a.peak_tflops);
   if (!a.json.empty()) {
     nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
                           {"rows", rows}};
@@ -152,6 +226,9 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_option("--warmup", args->warmup, "warm-up runs")->check(CLI::Range(0, 1000));
   ns->add_option("--repeats", args->repeats, "timed runs (median reported)")->check(CLI::Range(1, 100000));
   ns->add_option("--seed", args->seed, "random seed");
+  ns->add_option("--peak-tflops", args->peak_tflops, "matrix-unit rate for the FLOP floor (TFLOP/s)")
+      ->check(CLI::PositiveNumber);
+  ns->add_flag("!--no-peer", args->peer, "skip the dense torch peer");
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
   ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
 }

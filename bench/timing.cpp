@@ -1,6 +1,9 @@
 #include "timing.h"
 
 #include <torch/cuda.h>
+#ifdef ORTHOPT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +19,18 @@ Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, 
   sync();
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) {
+#ifdef ORTHOPT_WITH_CUDA
+    if (device.is_cuda()) {
+      // CUDA events on the current stream: device time of the region, no host clock skew.
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      start.record();
+      fn();
+      stop.record();
+      stop.synchronize();
+      ms.push_back(start.elapsed_time(stop));
+      continue;
+    }
+#endif
     auto t0 = std::chrono::steady_clock::now();
     fn();
     sync();

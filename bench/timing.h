@@ -12,7 +12,8 @@ struct Timing {
   double max_ms;
 };
 
-// Runs fn `warmup` times, then `repeats` times, synchronizing the device around each run.
+// Runs fn `warmup` times, then `repeats` times; each run is timed with CUDA events on a CUDA
+// device (when the build has CUDA), else with the host clock around a device synchronization.
 Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats);
 
 }  // namespace orthopt::bench

@@ -1,5 +1,9 @@
 #include "ortho/products.h"
 
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/products_cuda.h"
+#endif
+
 namespace orthopt::detail {
 
 Precision Precision::of(at::ScalarType dtype, c10::Device device) {
@@ -10,24 +14,49 @@ Precision Precision::of(at::ScalarType dtype, c10::Device device) {
 namespace {
 at::Tensor wide(const at::Tensor& t, const Precision& p) { return p.emulate ? t.to(at::kFloat) : t; }
 at::Tensor narrow(const at::Tensor& t, const Precision& p) { return p.emulate ? t.to(p.dtype) : t; }
+
+// CUDA bf16/fp16 operands go to the kernel library (symmetric products computed over the
+// lower triangle only, rectangular ones through cuBLASLt); everything else, and the reference
+// for the GPU tests (ORTHOPT_GPU_KERNELS=0), is the ATen path below.
+bool use_kernels(const at::Tensor& t) {
+#ifdef ORTHOPT_WITH_CUDA
+  return cuda::handles(t);
+#else
+  (void)t;
+  return false;
+#endif
+}
 }  // namespace
 
 at::Tensor gram_product(const at::Tensor& X, const Precision& p) {
+#ifdef ORTHOPT_WITH_CUDA
+  if (use_kernels(X)) return cuda::sym_abt(X, X, 1.0, at::Tensor(), 0.0, 0.0);
+#endif
   auto x = wide(X, p);
   return narrow(at::bmm(x, x.transpose(-2, -1)), p);
 }
 
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
                      double alpha, const Precision& p) {
+#ifdef ORTHOPT_WITH_CUDA
+  // A·B = A·Bᵀ for a symmetric B, which is the form the kernel takes.
+  if (use_kernels(A)) return cuda::sym_abt(A, B, alpha, C, beta, 0.0);
+#endif
   return narrow(at::baddbmm(wide(C, p), wide(A, p), wide(B, p), beta, alpha), p);
 }
 
 at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, double beta,
                  double alpha, const Precision& p) {
+#ifdef ORTHOPT_WITH_CUDA
+  if (use_kernels(A)) return cuda::gemm(A, X, alpha, C, beta);
+#endif
   return narrow(at::baddbmm(wide(C, p), wide(A, p), wide(X, p), beta, alpha), p);
 }
 
 at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p) {
+#ifdef ORTHOPT_WITH_CUDA
+  if (use_kernels(A)) return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0);
+#endif
   return narrow(at::bmm(wide(A, p), wide(X, p)), p);
 }
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One GPU session: build against the machine's CUDA torch, run the GPU test suite, run the
+# benchmarks, write logs and tables to $OUT (default ./gpu-out), print a short summary last.
+# Usage, from the repository root:   bench/gpu/run_all.sh [build|test|bench]...   (default: all)
+# The C++ dependencies the GPU image lacks (fmt, nlohmann-json, CLI11, GoogleTest) can be carried
+# in .gpudeps/usr (headers and cmake configs copied from this repo's Debian packages, see
+# docs/gpu.md); the machine's own copies win when present.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export ORTHOPT_BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
+STEPS=${*:-build test bench}
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+t0=$(date +%s)
+
+note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null)"
+note "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1 | tail -1)"
+note "nvcc: $(nvcc --version 2>/dev/null | tail -1); cmake: $(cmake --version | head -1); c++: $(c++ --version | head -1)"
+
+if has build; then
+  TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  PREFIX="$TORCH_PREFIX"
+  [ -d .gpudeps/usr ] && PREFIX="$PREFIX;$PWD/.gpudeps/usr"
+  PYBIND=$(python3 -m pybind11 --cmakedir 2>/dev/null || true)
+  export ORTHOPT_PYTHON=$(command -v python3)
+  export ORTHOPT_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH=$PREFIX ${PYBIND:+-Dpybind11_DIR=$PYBIND}"
+  tb=$(date +%s)
+  if scripts/build.sh > "$OUT/build.log" 2>&1; then
+    note "build: ok in $(( $(date +%s) - tb )) s ($(grep -m1 'CUDA in torch' "$OUT/build.log" | sed 's/.*orthopt: //'); $(grep -m1 'kernels built' "$OUT/build.log" | sed 's/.*orthopt: //'))"
+  else
+    note "build: FAILED after $(( $(date +%s) - tb )) s"; grep -E 'error|Error|CMake Error' "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"
+    exit 1
+  fi
+fi
+
+if has test; then
+  tt=$(date +%s)
+  tests/gpu/run.sh > "$OUT/tests.log" 2>&1
+  rc=$?
+  note "GPU suite: rc=$rc in $(( $(date +%s) - tt )) s; ctest: $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | head -1)"
+  note "  pytest: $(grep -E '[0-9]+ (passed|failed|skipped)' "$OUT/tests.log" | tail -1)"
+  note "  kernel_check: $(grep -c '^ok' "$OUT/tests.log") ok lines, $(grep -c '^FAIL' "$OUT/tests.log") FAIL lines"
+  note "  sanitizer: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E '^FAIL|!! FAILED|rel err vs float64' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+if has bench; then
+  timeout 240 "$ORTHOPT_BUILD_DIR/gpu/orthopt_sym_bench" 20 > "$OUT/sym_bench.md" 2>&1
+  note "sym_bench rc=$?"
+  timeout 300 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto --warmup 3 --repeats 15 \
+    --json "$OUT/bench_ns.json" > "$OUT/bench_ns.txt" 2>&1
+  note "bench ns rc=$?"
+  ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
+    --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
+  note "bench ns (ATen products, ORTHOPT_GPU_KERNELS=0) rc=$?"
+fi
+note "total $(( $(date +%s) - t0 )) s"
+echo "================ summary"
+cat "$OUT/sym_bench.md" 2>/dev/null
+grep -v '^peer:' "$OUT/bench_ns.txt" 2>/dev/null
+grep -E 'auto|standard' "$OUT/bench_ns_aten.txt" 2>/dev/null | awk '{print "aten-products:", $1, $2, $3}'
+cat "$SUMMARY"

@@ -1,0 +1,63 @@
+// Shared helpers of the kernel library (not part of the C API).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "orthopt_kernels.h"
+
+namespace orthopt_k {
+
+// Records the message for orthopt_last_error() and returns `code`.
+orthopt_status fail(orthopt_status code, const char* fmt, ...);
+
+// Checks a CUDA / cuBLAS call and returns an error from the calling function on failure.
+#define ORTHOPT_CUDA_TRY(expr)                                                                  \
+  do {                                                                                          \
+    cudaError_t err_ = (expr);                                                                  \
+    if (err_ != cudaSuccess)                                                                    \
+      return ::orthopt_k::fail(ORTHOPT_ERR_CUDA, "%s failed: %s (%s:%d)", #expr,                 \
+                               cudaGetErrorString(err_), __FILE__, __LINE__);                   \
+  } while (0)
+#define ORTHOPT_CUBLAS_TRY(expr)                                                                \
+  do {                                                                                          \
+    cublasStatus_t st_ = (expr);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      return ::orthopt_k::fail(ORTHOPT_ERR_CUDA, "%s failed: cuBLAS status %d (%s:%d)", #expr,   \
+                               static_cast<int>(st_), __FILE__, __LINE__);                     \
+  } while (0)
+#define ORTHOPT_STATUS_TRY(expr)            \
+  do {                                      \
+    orthopt_status s_ = (expr);             \
+    if (s_ != ORTHOPT_OK) return s_;        \
+  } while (0)
+
+// This thread's cuBLAS / cuBLASLt handles for the current device, created on first use, with a
+// workspace of kWorkspaceBytes owned by the handle (fixed, so calls can be graph-captured).
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+struct BlasContext {
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+};
+orthopt_status blas_context(BlasContext** out);
+
+inline cudaDataType_t cuda_type(orthopt_dtype t) { return t == ORTHOPT_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+inline bool valid_dtype(orthopt_dtype t) { return t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
+
+// The two implementations of orthopt_sym_abt (arguments already validated).
+// block: panel height of the block path (0: automatic).
+orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                              int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d, int64_t block,
+                              cudaStream_t stream);
+orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                              int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                              cudaStream_t stream);
+// Whether the native kernel can run these operands on the current device (why not, if not).
+bool native_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,
+                      const char** why);
+
+}  // namespace orthopt_k

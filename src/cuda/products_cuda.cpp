@@ -1,0 +1,88 @@
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/products_cuda.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "orthopt_kernels.h"
+
+namespace orthopt::cuda {
+namespace {
+
+orthopt_dtype kernel_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? ORTHOPT_BF16 : ORTHOPT_FP16;
+}
+
+void check_operand(const at::Tensor& t, const at::Tensor& like, const char* what) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "argument '", what, "': expected a tensor on ",
+              like.device(), ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "argument '", what, "': expected dtype ", like.scalar_type(),
+              ", got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 3, "argument '", what, "': expected a batch [B, rows, cols], got shape ", t.sizes());
+}
+
+void check_status(orthopt_status st, const char* fn) {
+  TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
+}
+
+}  // namespace
+
+bool handles(const at::Tensor& t) {
+  if (!t.is_cuda() || (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf)) return false;
+  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha, const at::Tensor& C_in, double beta,
+                   double diag) {
+  check_operand(A_in, A_in, "A");
+  check_operand(B_in, A_in, "B");
+  TORCH_CHECK(B_in.sizes() == A_in.sizes(), "argument 'B': expected the shape of A ", A_in.sizes(), ", got ",
+              B_in.sizes());
+  const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2);
+  const at::Tensor A = A_in.contiguous(), B = B_in.is_same(A_in) ? A : B_in.contiguous();
+  at::Tensor C;
+  if (C_in.defined()) {
+    check_operand(C_in, A_in, "C");
+    TORCH_CHECK(C_in.size(0) == batch && C_in.size(1) == m && C_in.size(2) == m, "argument 'C': expected shape [",
+                batch, ", ", m, ", ", m, "], got ", C_in.sizes());
+    C = C_in.contiguous();
+  }
+  const c10::cuda::CUDAGuard guard(A.device());
+  at::Tensor D = at::empty({batch, m, m}, A.options());
+  check_status(orthopt_sym_abt(kernel_dtype(A), batch, m, k, A.data_ptr(), m * k, B.data_ptr(), m * k,
+                               static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * m,
+                               static_cast<float>(beta), static_cast<float>(diag), D.data_ptr(), m * m,
+                               ORTHOPT_SYM_AUTO, at::cuda::getCurrentCUDAStream().stream()),
+               "orthopt_sym_abt");
+  return D;
+}
+
+at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, const at::Tensor& C_in, double beta) {
+  check_operand(A_in, A_in, "A");
+  check_operand(X_in, A_in, "X");
+  const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2), n = X_in.size(2);
+  TORCH_CHECK(X_in.size(0) == batch && X_in.size(1) == k, "argument 'X': expected shape [", batch, ", ", k,
+              ", n], got ", X_in.sizes());
+  const at::Tensor A = A_in.contiguous(), X = X_in.contiguous();
+  at::Tensor C;
+  if (C_in.defined()) {
+    check_operand(C_in, A_in, "C");
+    TORCH_CHECK(C_in.size(0) == batch && C_in.size(1) == m && C_in.size(2) == n, "argument 'C': expected shape [",
+                batch, ", ", m, ", ", n, "], got ", C_in.sizes());
+    C = C_in.contiguous();
+  }
+  const c10::cuda::CUDAGuard guard(A.device());
+  at::Tensor D = at::empty({batch, m, n}, A.options());
+  check_status(orthopt_gemm(kernel_dtype(A), batch, m, n, k, A.data_ptr(), m * k, X.data_ptr(), k * n,
+                            static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
+                            static_cast<float>(beta), D.data_ptr(), m * n, at::cuda::getCurrentCUDAStream().stream()),
+               "orthopt_gemm");
+  return D;
+}
+
+}  // namespace orthopt::cuda
+#endif  // ORTHOPT_WITH_CUDA

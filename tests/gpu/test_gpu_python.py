@@ -1,0 +1,44 @@
+"""GPU checks of the Python module (skipped without CUDA; run tests/gpu/run.sh).
+
+The reference is standard Newton–Schulz in float64 written here in plain torch, on random
+inputs; the bound is the bf16 noise of the same iteration run densely in plain torch bf16."""
+import pytest
+import torch
+
+orthopt = pytest.importorskip("orthopt")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def polar_express():
+    s = next(x for x in orthopt.schedules() if x["name"] == "polar_express")
+    return s["triples"], s["safety"], s["eps"]
+
+
+def plain_ns(G, dtype, steps=5):
+    triples, safety, eps = polar_express()
+    X = G.to(torch.float64 if dtype == torch.float64 else torch.float32)
+    X = (X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)).to(dtype)
+    for t in range(steps):
+        a, b, c = triples[min(t, len(triples) - 1)]
+        A = X @ X.mT
+        B = b * A + c * (A @ A)
+        X = a * X + B @ X
+    return X.double()
+
+
+def rel(x, ref):
+    return ((x.double().cpu() - ref.cpu()).norm() / ref.cpu().norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(384, 640), (3, 256, 256)])
+def test_standard_ns_bf16_on_cuda_within_bf16_noise(shape):
+    torch.manual_seed(3)
+    G = torch.randn(shape, dtype=torch.float64, device="cuda")
+    ref = plain_ns(G, torch.float64)
+    noise = rel(plain_ns(G, torch.bfloat16), ref)
+    out = orthopt.orthogonalize(G.float(), method="standard", compute_dtype=torch.bfloat16)
+    assert out.dtype == torch.float32 and out.is_cuda
+    err = rel(out, ref)
+    assert torch.isfinite(out).all()
+    assert err <= 1.5 * noise + 1e-3, (err, noise)
