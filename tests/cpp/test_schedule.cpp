@@ -107,6 +107,11 @@ TEST(LrSchedule, EdgeCases) {
     EXPECT_TRUE(std::isfinite(f));
     EXPECT_NEAR(f, t < 4 ? 1.0 : 0.05, kTol) << "t=" << t;
   }
+  // Decimal fractions: 100·0.29 is 28.999999999999996 in binary; §8 means floor(29) = 29.
+  LrSchedule decimal = s;
+  decimal.warmup_frac = 0.29;
+  decimal.stable_frac = 0.56;
+  EXPECT_EQ(schedule_phases(decimal, 100).warmup, 29);
   // T = 1: everything floors to zero-length phases.
   EXPECT_NEAR(lr_factor(s, 1, 1), 0.05, kTol);
   LrSchedule cosine;
