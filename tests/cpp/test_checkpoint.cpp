@@ -367,6 +367,10 @@ TEST(Checkpoint, BadFileListsAndFailingWritersPublishNothing) {
                std::runtime_error);
   EXPECT_FALSE(fs::exists(checkpoint_dir(run, 1)));
   EXPECT_FALSE(latest_valid_checkpoint(run).has_value());
+  // A run_dir that is a regular file: a c10::Error naming the call, not a filesystem_error.
+  const std::string file_run = (tmp.path / "not_a_dir").string();
+  write_bytes(file_run, "x");
+  EXPECT_NE(error_of([&] { write_step(file_run, 1); }).find("write_checkpoint"), std::string::npos);
   write_step(run, 1);  // cleans the stale .tmp of the failed attempts
   EXPECT_TRUE(tmp_entries(run).empty());
 }
