@@ -209,6 +209,36 @@ TEST(Checkpoint, FaultInjectionAtEveryStageKeepsThePreviousCheckpoint) {
   }
 }
 
+TEST(Checkpoint, KilledOverwriteLeavesEitherTheOldOrTheNewCheckpoint) {
+  // overwrite = true swaps the new directory in with one atomic exchange: a kill just before it
+  // keeps the old content, a kill just after it has the new one, never a mix or nothing.
+  for (const std::string stage : {"before_rename", "after_rename"}) {
+    SCOPED_TRACE(stage);
+    TempDir tmp;
+    const std::string run = tmp.run_dir();
+    write_step(run, 4);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("ORTHOPT_FAULT_CHECKPOINT", stage.c_str(), 1);
+      try {
+        write_step(run, 4, {}, /*overwrite=*/true, /*salt=*/100);
+      } catch (...) {
+        std::_Exit(3);
+      }
+      std::_Exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 137);
+    const auto latest = latest_valid_checkpoint(run);
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(*latest, checkpoint_dir(run, 4));
+    EXPECT_TRUE(content_matches(*latest, 4, {}, stage == "after_rename" ? 100 : 0));
+  }
+}
+
 TEST(Checkpoint, UnknownFaultStageIsAnError) {
   TempDir tmp;
   ::setenv("ORTHOPT_FAULT_CHECKPOINT", "after_lunch", 1);
