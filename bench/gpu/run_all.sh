@@ -29,6 +29,8 @@ if has build; then
   export ORTHOPT_PYTHON=$(command -v python3)
   export ORTHOPT_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH=$PREFIX ${PYBIND:+-Dpybind11_DIR=$PYBIND}"
   tb=$(date +%s)
+  # A configure that failed leaves a cache but no build files; scripts/build.sh would skip configuring.
+  [ -f "$ORTHOPT_BUILD_DIR/CMakeCache.txt" ] && [ ! -f "$ORTHOPT_BUILD_DIR/build.ninja" ] && rm -f "$ORTHOPT_BUILD_DIR/CMakeCache.txt"
   if scripts/build.sh > "$OUT/build.log" 2>&1; then
     note "build: ok in $(( $(date +%s) - tb )) s ($(grep -m1 'CUDA in torch' "$OUT/build.log" | sed 's/.*orthopt: //'); $(grep -m1 'kernels built' "$OUT/build.log" | sed 's/.*orthopt: //'))"
   else
@@ -45,7 +47,7 @@ if has test; then
   note "  pytest: $(grep -E '[0-9]+ (passed|failed|skipped)' "$OUT/tests.log" | tail -1)"
   note "  kernel_check: $(grep -c '^ok' "$OUT/tests.log") ok lines, $(grep -c '^FAIL' "$OUT/tests.log") FAIL lines"
   note "  sanitizer: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/tests.log" | tr '\n' ' ')"
-  grep -E '^FAIL|!! FAILED|rel err vs float64' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+  grep -E '^FAIL|!! FAILED|rel err vs float64|PASSED|FAILED' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 fi
 
 if has bench; then

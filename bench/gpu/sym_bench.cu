@@ -65,8 +65,8 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
-  std::printf("| batch×m×k | dense cuBLAS ms | blocks b=256 | b=512 | b=1024 | blocks auto | native | best/dense | dense TF/s | best eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     __nv_bfloat16 *A, *D;
     const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
@@ -90,20 +90,65 @@ int main(int argc, char** argv) {
       CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
                          D, s.m * s.m, ORTHOPT_SYM_NATIVE, nullptr));
     };
+    auto path = [&](orthopt_sym_path p) {
+      return [&, p] {
+        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f,
+                           0.0f, D, s.m * s.m, p, nullptr));
+      };
+    };
     const double t_dense = median_ms(dense, 3, repeats);
-    const double t256 = median_ms(blocks(256), 3, repeats);
     const double t512 = median_ms(blocks(512), 3, repeats);
     const double t1024 = median_ms(blocks(1024), 3, repeats);
-    const double tauto = median_ms(blocks(0), 3, repeats);
     const double tnat = median_ms(native, 3, repeats);
-    const double best = std::min({t256, t512, t1024, tauto, tnat});
+    const double tlt = median_ms(path(ORTHOPT_SYM_DENSE), 3, repeats);
+    const double tauto = median_ms(path(ORTHOPT_SYM_AUTO), 3, repeats);
+    const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t256, t512, t1024, tauto, tnat,
-                best / t_dense, flops / t_dense * 1e-9, flops / best * 1e-9);
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, tlt, tauto,
+                ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense", tauto / t_dense, flops / t_dense * 1e-9,
+                flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(D);
+    cudaFree(C);
   }
-  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups; TF/s count the dense 2·m²·k FLOPs.\n", repeats);
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups; TF/s count the dense 2·m²·k FLOPs.\n\n", repeats);
+
+  // Rectangular products a·X + B·X / Q·X: ours (cuBLASLt, β·C epilogue from a separate C, as NS
+  // uses it) vs cublasGemmStridedBatchedEx with β·C in place (at::baddbmm also copies C first;
+  // the peer here is spared that copy).
+  struct Rect { int64_t batch, m, n, k; };
+  std::vector<Rect> rects = {{1, 4096, 4096, 4096}, {1, 8192, 8192, 8192}, {1, 4096, 14336, 4096},
+                             {16, 1536, 2048, 1536}, {32, 2048, 7168, 2048}};
+  std::printf("| batch×m×n×k (D = A·X + C) | cuBLAS ms (peer) | ours cuBLASLt ms | ours/peer | ours TF/s |\n|---|---|---|---|---|\n");
+  for (const auto& r : rects) {
+    __nv_bfloat16 *A, *X, *D, *C;
+    CK(cudaMalloc(&C, r.batch * r.m * r.n * 2));
+    CK(cudaMalloc(&A, r.batch * r.m * r.k * 2));
+    CK(cudaMalloc(&X, r.batch * r.k * r.n * 2));
+    CK(cudaMalloc(&D, r.batch * r.m * r.n * 2));
+    fill<<<1024, 256>>>(A, r.batch * r.m * r.k, 5u, 0.05f);
+    fill<<<1024, 256>>>(X, r.batch * r.k * r.n, 9u, 1.0f);
+    fill<<<1024, 256>>>(D, r.batch * r.m * r.n, 3u, 1.0f);
+    fill<<<1024, 256>>>(C, r.batch * r.m * r.n, 4u, 1.0f);
+    const float one = 1.0f;
+    auto peer = [&] {
+      CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, r.n, r.m, r.k, &one, X, CUDA_R_16BF, r.n,
+                                    r.k * r.n, A, CUDA_R_16BF, r.k, r.m * r.k, &one, D, CUDA_R_16BF, r.n,
+                                    r.m * r.n, r.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    auto ours = [&] {
+      CK(orthopt_gemm(ORTHOPT_BF16, r.batch, r.m, r.n, r.k, A, r.m * r.k, X, r.k * r.n, 1.0f, C, r.m * r.n, 1.0f,
+                      D, r.m * r.n, nullptr));
+    };
+    const double tp = median_ms(peer, 3, repeats), to = median_ms(ours, 3, repeats);
+    const double flops = 2.0 * r.batch * r.m * r.n * r.k;
+    std::printf("| %lldx%lldx%lldx%lld | %.3f | %.3f | %.2f | %.0f |\n", (long long)r.batch, (long long)r.m,
+                (long long)r.n, (long long)r.k, tp, to, to / tp, flops / to * 1e-9);
+    cudaFree(A);
+    cudaFree(X);
+    cudaFree(D);
+    cudaFree(C);
+  }
   return 0;
 }

@@ -1,21 +1,28 @@
 // Rectangular products D = α·A·X + β·C through cuBLASLt (fp32 accumulation, β·C in its epilogue).
 // Row-major operands are handed to the column-major library as their transposes:
-// Dᵀ = Xᵀ·Aᵀ, so no data moves.
+// Dᵀ = Xᵀ·Aᵀ, so no data moves. cuBLASLt's first heuristic choice was measured 17% slower than
+// the legacy cuBLAS call at 8192³ (bench/results/2026-11-29-h100-sym-products.md), so the first
+// call of each shape times the top candidates once on its own operands and keeps the fastest.
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "internal.h"
 
 namespace orthopt_k {
 namespace {
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t x = nullptr, a = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // heuristic order
+  bool tuned = false;
 };
+
+constexpr int kCandidates = 6;
 
 orthopt_status make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
                            int64_t batch, int64_t stride) {
@@ -35,11 +42,18 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
     *out = &it->second;
     return ORTHOPT_OK;
   }
-  const auto [dt, batch, m, n, k, sa, sx, sc, sd, device] = key;
+  const auto [dt, batch, m, n, k, sa, sx, sc, sd, device, x_transposed] = key;
   const cudaDataType_t type = cuda_type(static_cast<orthopt_dtype>(dt));
   Plan p;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  ORTHOPT_STATUS_TRY(make_layout(&p.x, type, n, k, n, batch, sx));  // Xᵀ: n×k col-major
+  if (x_transposed) {
+    // X [n, k] row-major is k×n col-major; the product needs Xᵀ's transpose, n×k: op T.
+    const cublasOperation_t t = CUBLAS_OP_T;
+    ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    ORTHOPT_STATUS_TRY(make_layout(&p.x, type, k, n, k, batch, sx));
+  } else {
+    ORTHOPT_STATUS_TRY(make_layout(&p.x, type, n, k, n, batch, sx));  // Xᵀ: n×k col-major
+  }
   ORTHOPT_STATUS_TRY(make_layout(&p.a, type, k, m, k, batch, sa));  // Aᵀ: k×m col-major
   ORTHOPT_STATUS_TRY(make_layout(&p.c, type, n, m, n, batch, sc));
   ORTHOPT_STATUS_TRY(make_layout(&p.d, type, n, m, n, batch, sd));
@@ -48,19 +62,74 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   size_t ws = kWorkspaceBytes;
   ORTHOPT_CUBLAS_TRY(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.x, p.a, p.c, p.d, pref, 1, &result, &found);
+  cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.x, p.a, p.c, p.d, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     return fail(ORTHOPT_ERR_CUDA, "cuBLASLt found no algorithm for a %lldx%lldx%lld product (status %d)",
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), static_cast<int>(st));
-  p.algo = result.algo;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+  if (p.candidates.empty()) return fail(ORTHOPT_ERR_CUDA, "cuBLASLt returned no usable algorithm");
+  p.algo = p.candidates.front();
   *out = &plans.emplace(key, p).first->second;
   return ORTHOPT_OK;
 }
 
 }  // namespace
+
+orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
+                         int64_t stride_a, const void* X, int64_t stride_x, bool x_transposed, float alpha,
+                         const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream) {
+  if (!C) {
+    C = D;
+    stride_c = stride_d;
+    beta = 0.0f;
+  }
+  BlasContext* ctx = nullptr;
+  ORTHOPT_STATUS_TRY(blas_context(&ctx));
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  Plan* plan = nullptr;
+  ORTHOPT_STATUS_TRY(get_plan(
+      ctx, PlanKey{dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device, x_transposed}, &plan));
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(ctx->lt, plan->op, &alpha, X, plan->x, A, plan->a, &beta, C, plan->c, D, plan->d, &algo,
+                          ctx->workspace, kWorkspaceBytes, stream);
+  };
+  if (!plan->tuned) {
+    plan->tuned = true;
+    // Only when D is scratch until the last run (C is not D, or not read) and no capture is on.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if ((C != D || beta == 0.0f) && capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1) {
+      cudaEvent_t t0, t1;
+      ORTHOPT_CUDA_TRY(cudaEventCreate(&t0));
+      ORTHOPT_CUDA_TRY(cudaEventCreate(&t1));
+      float best = -1.0f;
+      for (const auto& algo : plan->candidates) {
+        if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skips a candidate that cannot run
+        ORTHOPT_CUDA_TRY(cudaEventRecord(t0, stream));
+        for (int r = 0; r < 3; ++r) ORTHOPT_CUBLAS_TRY(run(algo));
+        ORTHOPT_CUDA_TRY(cudaEventRecord(t1, stream));
+        ORTHOPT_CUDA_TRY(cudaEventSynchronize(t1));
+        float ms = 0.0f;
+        ORTHOPT_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
+        if (best < 0.0f || ms < best) {
+          best = ms;
+          plan->algo = algo;
+        }
+      }
+      cudaEventDestroy(t0);
+      cudaEventDestroy(t1);
+    }
+  }
+  ORTHOPT_CUBLAS_TRY(run(plan->algo));
+  return ORTHOPT_OK;
+}
+
 }  // namespace orthopt_k
 
 using namespace orthopt_k;
@@ -75,18 +144,6 @@ extern "C" orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64
                 static_cast<long long>(batch), static_cast<long long>(m), static_cast<long long>(n),
                 static_cast<long long>(k));
   if (!A || !X || !D) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: arguments 'A', 'X', 'D' must not be NULL");
-  if (!C) {
-    C = D;
-    stride_c = stride_d;
-    beta = 0.0f;
-  }
-  BlasContext* ctx = nullptr;
-  ORTHOPT_STATUS_TRY(blas_context(&ctx));
-  int device = 0;
-  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  Plan* plan = nullptr;
-  ORTHOPT_STATUS_TRY(get_plan(ctx, PlanKey{dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device}, &plan));
-  ORTHOPT_CUBLAS_TRY(cublasLtMatmul(ctx->lt, plan->op, &alpha, X, plan->x, A, plan->a, &beta, C, plan->c, D, plan->d,
-                                    &plan->algo, ctx->workspace, kWorkspaceBytes, stream));
-  return ORTHOPT_OK;
+  return gemm_impl(dtype, batch, m, n, k, A, stride_a, X, stride_x, false, alpha, C, stride_c, beta, D, stride_d,
+                   stream);
 }

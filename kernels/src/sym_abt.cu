@@ -8,18 +8,35 @@ using namespace orthopt_k;
 
 namespace {
 
-// AUTO picks the block path (cuBLAS's Hopper kernels over the lower triangle) unless
-// ORTHOPT_SYM_PATH=native says otherwise; see docs/gpu.md for the measurements behind it.
-orthopt_sym_path auto_path() {
+// ORTHOPT_SYM_PATH=blocks|native|dense forces a path for AUTO (experiments, A/B timings).
+orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
-    if (v && std::string_view(v) == "native") return ORTHOPT_SYM_NATIVE;
-    return ORTHOPT_SYM_BLOCKS;
+    if (!v) return ORTHOPT_SYM_AUTO;
+    const std::string_view s(v);
+    if (s == "native") return ORTHOPT_SYM_NATIVE;
+    if (s == "blocks") return ORTHOPT_SYM_BLOCKS;
+    if (s == "dense") return ORTHOPT_SYM_DENSE;
+    return ORTHOPT_SYM_AUTO;
   }();
   return p;
 }
 
 }  // namespace
+
+namespace orthopt_k {
+
+// Measured on an H100 (bench/results/2026-11-29-h100-sym-products.md, dense cuBLAS vs blocks vs
+// native in one run): the block path beats one dense product from m = 4096 (0.67x at 8192) and,
+// with panels of 512, at m = 2048 when k >= 3m (0.78x at 32x2048x7168); below that its extra
+// launches lose to one dense product. The native mma.sync kernel is slower than both on Hopper.
+orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
+  (void)batch;
+  if (m >= 4096 || (m >= 2048 && k >= 3 * m)) return ORTHOPT_SYM_BLOCKS;
+  return ORTHOPT_SYM_DENSE;
+}
+
+}  // namespace orthopt_k
 
 extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                           int64_t stride_a, const void* B, int64_t stride_b, float alpha,
@@ -35,14 +52,22 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (!A || !B || !D) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: arguments 'A', 'B', 'D' must not be NULL");
   if (D == A || D == B || (C && D == C))
     return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: argument 'D' must not alias 'A', 'B' or 'C'");
-  if (path == ORTHOPT_SYM_AUTO) path = auto_path();
-  const char* why = "";
-  const bool native_ok = native_supported(k, A, stride_a, B, stride_b, &why);
-  if (path == ORTHOPT_SYM_NATIVE && !native_ok)
-    return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: the native kernel %s", why);
-  if (path == ORTHOPT_SYM_NATIVE)
+  if (path == ORTHOPT_SYM_AUTO) path = forced_path();
+  if (path == ORTHOPT_SYM_AUTO) path = auto_sym_path(batch, m, k);
+  if (path == ORTHOPT_SYM_NATIVE) {
+    const char* why = "";
+    if (!native_supported(k, A, stride_a, B, stride_b, &why))
+      return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: the native kernel %s", why);
     return sym_abt_native(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d,
                           stream);
+  }
+  if (path == ORTHOPT_SYM_DENSE) {
+    ORTHOPT_STATUS_TRY(gemm_impl(dtype, batch, m, m, k, A, stride_a, B, stride_b, /*x_transposed=*/true, alpha, C,
+                                 stride_c, beta, D, stride_d, stream));
+    // Exact symmetry matters: the products downstream read B·ᵀ for B, and fp16 Gram NS amplified
+    // the rounding-level asymmetry of a dense product to 10x its error (measured, docs/gpu.md).
+    return mirror_lower(dtype, batch, m, D, stride_d, diag, stream);
+  }
   if (path != ORTHOPT_SYM_BLOCKS) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: unknown argument 'path' %d", path);
   return sym_abt_blocks(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, 0,
                         stream);

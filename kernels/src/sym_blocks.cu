@@ -71,13 +71,17 @@ orthopt_status launch_mirror(void* D, int64_t batch, int64_t m, int64_t stride_d
   return ORTHOPT_OK;
 }
 
-// Default panel height: about m/8 (so ~56% of the dense FLOPs), a multiple of 128, within [256, 1024].
-int64_t default_block(int64_t m) {
-  int64_t b = ((m / 8 + 127) / 128) * 128;
-  return std::min<int64_t>(std::max<int64_t>(b, 256), 1024);
-}
-
 }  // namespace
+
+// Panel heights measured on an H100 (bench/results/2026-11-29-h100-sym-products.md): 1024 from
+// m = 4096 on (smaller panels add launches and lose cuBLAS efficiency), else 512.
+int64_t auto_sym_block(int64_t m) { return m >= 4096 ? 1024 : 512; }
+
+orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,
+                            cudaStream_t stream) {
+  return dtype == ORTHOPT_BF16 ? launch_mirror<__nv_bfloat16>(D, batch, m, stride_d, diag, stream)
+                               : launch_mirror<__half>(D, batch, m, stride_d, diag, stream);
+}
 
 orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
@@ -98,7 +102,7 @@ orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int
                                        cudaMemcpyDeviceToDevice, stream));
     panel_beta = beta;
   }
-  const int64_t b = block > 0 ? block : default_block(m);
+  const int64_t b = std::min(block > 0 ? block : auto_sym_block(m), m);
   const int64_t tiles = (m + b - 1) / b;
   const int bi = static_cast<int>(batch);
   // Panels below the diagonal: rows [i·b, i·b + r), cols [0, i·b). Column-major view of the
@@ -134,8 +138,7 @@ orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int
         &panel_beta, at_mut(D, r0 * m + r0), type, static_cast<int>(m), stride_d, bi, CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
   }
-  return dtype == ORTHOPT_BF16 ? launch_mirror<__nv_bfloat16>(D, batch, m, stride_d, diag, stream)
-                               : launch_mirror<__half>(D, batch, m, stride_d, diag, stream);
+  return mirror_lower(dtype, batch, m, D, stride_d, diag, stream);
 }
 
 }  // namespace orthopt_k

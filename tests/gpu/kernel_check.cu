@@ -79,7 +79,9 @@ void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, 
 }
 
 const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : "fp16"; }
-const char* name(orthopt_sym_path p) { return p == ORTHOPT_SYM_NATIVE ? "native" : "blocks"; }
+const char* name(orthopt_sym_path p) {
+  return p == ORTHOPT_SYM_NATIVE ? "native" : (p == ORTHOPT_SYM_DENSE ? "dense" : "blocks");
+}
 
 // Relative error bound: the result is rounded once to the 16-bit type (bf16: 2^-9 relative per
 // element, fp16: 2^-12); fp32 accumulation adds far less. Frobenius-relative errors of a
@@ -210,7 +212,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
-    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE}) {
+    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE}) {
       check_sym(dt, path, 1, 200, 72, true, false, rng);    // ragged tiles, k not a multiple of 32
       check_sym(dt, path, 3, 256, 64, false, true, rng);    // batched, A≠B, β·C
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
