@@ -110,7 +110,6 @@ int main(int argc, char** argv) {
                 flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(D);
-    cudaFree(C);
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups; TF/s count the dense 2·m²·k FLOPs.\n\n", repeats);
 
