@@ -13,6 +13,8 @@
 
 #include "commands.h"
 #include "orthopt/orthogonalize.h"
+#include "bench_step.h"
+#include "peers.h"
 #include "timing.h"
 
 namespace orthopt::cli {
@@ -74,26 +76,6 @@ at::Tensor spread_input(const std::vector<int64_t>& dims, c10::Device device) {
   return at::matmul(U * s, V.transpose(-2, -1));
 }
 
-// The peer: dense Newton–Schulz in plain torch, the formulation of torch.optim.Muon (fp32
-// normalization, compute dtype iteration, A = X·Xᵀ, B = b·A + c·A·A, X = a·X + B·X, each
-// product one cuBLAS call with its β·C epilogue), same schedule and orientation as ours.
-at::Tensor torch_dense_ns(const at::Tensor& G, const Schedule& s, int steps, at::ScalarType compute) {
-  at::Tensor X = G.reshape({-1, G.size(-2), G.size(-1)});
-  const bool tall = X.size(1) > X.size(2);
-  if (tall) X = X.transpose(1, 2);
-  X = X.to(at::kFloat);
-  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
-  X = (X / (norm * s.safety + s.eps)).to(compute);
-  for (int t = 0; t < steps; ++t) {
-    const auto& [a, b, c] = s.at_step(t);
-    auto A = at::bmm(X, X.transpose(1, 2));
-    auto B = at::baddbmm(A, A, A, b, c);
-    X = at::baddbmm(X, B, X, a, 1.0);
-  }
-  if (tall) X = X.transpose(1, 2);
-  return X.reshape(G.sizes()).to(G.scalar_type());
-}
-
 // FLOPs of the method with every symmetric m×m result computed at half cost (the floors of
 // performance.md): standard 15m²n + 5m³ per 5 steps; Gram 6m²n + 14m³ with one restart.
 double symmetric_floor_flops(int64_t m, int64_t n, int steps, OrthoMethod method, const std::vector<int>& restarts) {
@@ -150,9 +132,9 @@ int run_ns(const NsArgs& a) {
     const at::ScalarType peer_dtype = !a.compute_dtype.empty() ? parse_dtype(a.compute_dtype)
                                                                : (device.is_cuda() ? at::kBFloat16 : at::kFloat);
     if (a.peer) {
-      at::Tensor peer_out = torch_dense_ns(G, sched, a.steps, peer_dtype);
+      at::Tensor peer_out = bench::torch_dense_ns(G, sched, a.steps, peer_dtype);
       peer_err = ((peer_out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
-      peer_ms = bench::time_ms([&] { peer_out = torch_dense_ns(next_input(), sched, a.steps, peer_dtype); }, device,
+      peer_ms = bench::time_ms([&] { peer_out = bench::torch_dense_ns(next_input(), sched, a.steps, peer_dtype); }, device,
                                a.warmup, a.repeats).median_ms;
       std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
                                shape_str, "peer:torch", peer_ms,
@@ -231,6 +213,7 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_flag("!--no-peer", args->peer, "skip the dense torch peer");
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
   ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
+  register_bench_step(*bench, action);
 }
 
 }  // namespace orthopt::cli

@@ -56,13 +56,17 @@ if has bench; then
   timeout 300 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto --warmup 3 --repeats 15 \
     --json "$OUT/bench_ns.json" > "$OUT/bench_ns.txt" 2>&1
   note "bench ns rc=$?"
-  ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
+  [ -n "${WITH_ATEN_PRODUCTS:-}" ] && ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
     --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
   note "bench ns (ATen products, ORTHOPT_GPU_KERNELS=0) rc=$?"
+  { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
+    > "$OUT/bench_step.txt" 2>&1
+  note "bench step done"
 fi
 note "total $(( $(date +%s) - t0 )) s"
 echo "================ summary"
 cat "$OUT/sym_bench.md" 2>/dev/null
 grep -v '^peer:' "$OUT/bench_ns.txt" 2>/dev/null
 grep -E 'auto|standard' "$OUT/bench_ns_aten.txt" 2>/dev/null | awk '{print "aten-products:", $1, $2, $3}'
+cat "$OUT/bench_step.txt" 2>/dev/null
 cat "$SUMMARY"

@@ -1,0 +1,185 @@
+// orthopt bench step: median time of one optimizer step (fp32 parameters, random gradients) on
+// the parameter sets of performance.md, for our optimizer and, in the same run, torch-native
+// peers written here: the per-parameter loop of torch.optim.Muon (dense bf16 NS, its momentum,
+// lr adjustment and decoupled weight decay) for the matrices plus a plain per-parameter AdamW for
+// the rest, and that AdamW alone on every parameter. (The Python peers, torch.optim.Muon itself
+// and the fused AdamW kernel, are timed by bench/gpu/step_peers.py.)
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "bench_step.h"
+#include "orthopt/optim.h"
+#include "peers.h"
+#include "timing.h"
+
+namespace orthopt::cli {
+namespace {
+
+struct StepArgs {
+  std::string device = "cpu";
+  std::vector<std::string> sets = {"gpt2"};
+  std::vector<std::string> algorithms = {"muon", "normuon", "dion3"};
+  int warmup = 3;
+  int repeats = 10;
+  bool peer = true;
+  std::string json;
+};
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+// performance.md's sets. Names follow the usual modules so route_params sends embeddings,
+// heads and vectors to AdamW and the block matrices to the matrix optimizer.
+Named param_set(const std::string& set, c10::Device device) {
+  Named named;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    auto p = (at::randn(shape, at::TensorOptions().device(device)) * 0.02).requires_grad_(true);
+    named.emplace_back(name, p);
+  };
+  if (set == "gpt2") {  // GPT-2 124M: 48 matrices, 50 vectors, the 50304×768 embedding
+    for (int i = 0; i < 12; ++i) {
+      const std::string h = fmt::format("h.{}.", i);
+      add(h + "attn.c_attn.weight", {2304, 768});
+      add(h + "attn.c_proj.weight", {768, 768});
+      add(h + "mlp.c_fc.weight", {3072, 768});
+      add(h + "mlp.c_proj.weight", {768, 3072});
+      for (const char* v : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias"}) add(h + v, {768});
+    }
+    add("ln_f.weight", {768});
+    add("ln_f.bias", {768});
+    add("wte.weight", {50304, 768});
+  } else if (set == "llama") {  // Llama-style 1.26B: 154 matrices, 45 vectors, embedding + head
+    for (int i = 0; i < 22; ++i) {
+      const std::string l = fmt::format("layers.{}.", i);
+      for (const char* w : {"attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight"}) add(l + w, {2048, 2048});
+      add(l + "mlp.gate.weight", {5632, 2048});
+      add(l + "mlp.up.weight", {5632, 2048});
+      add(l + "mlp.down.weight", {2048, 5632});
+      add(l + "attn_norm.weight", {2048});
+      add(l + "mlp_norm.weight", {2048});
+    }
+    add("norm.weight", {2048});
+    add("embed.weight", {32000, 2048});
+    add("lm_head.weight", {32000, 2048});
+  } else {
+    throw std::invalid_argument("argument '--sets': unknown set '" + set + "' (gpt2, llama)");
+  }
+  for (auto& [name, p] : named) p.mutable_grad() = at::randn_like(p) * 1e-3;
+  return named;
+}
+
+// The peer step: torch.optim.Muon's per-parameter formulation on matrices (momentum 0.95 with
+// Nesterov, lerp form; dense bf16 NS, 5 steps; lr·max(1, rows/cols)^0.5; decoupled weight
+// decay), and a plain per-parameter AdamW on everything else.
+struct PeerStep {
+  std::vector<at::Tensor> mats, mat_bufs, others, exp_avg, exp_avg_sq;
+  Schedule schedule;
+  int64_t step = 0;
+  bool muon;
+
+  PeerStep(const Named& named, bool with_muon, const RoutingOptions& routing) : muon(with_muon) {
+    schedule = resolve_schedule(routing.matrix.ortho);
+    for (const auto& group : route_params(named, routing)) {
+      const bool matrix_group = with_muon && is_matrix_algorithm(group.options.algorithm);
+      for (const auto& p : group.params) {
+        if (matrix_group) {
+          mats.push_back(p);
+          mat_bufs.push_back(at::zeros_like(p));
+        } else {
+          others.push_back(p);
+          exp_avg.push_back(at::zeros_like(p));
+          exp_avg_sq.push_back(at::zeros_like(p));
+        }
+      }
+    }
+  }
+
+  void run() {
+    at::NoGradGuard no_grad;
+    const double lr = 0.02, wd = 0.01, mu = 0.95;
+    for (size_t i = 0; i < mats.size(); ++i) {
+      auto& p = mats[i];
+      const auto& g = p.grad();
+      mat_bufs[i].lerp_(g, 1.0 - mu);
+      auto update = g.lerp(mat_bufs[i], mu);
+      auto O = bench::torch_dense_ns(update, schedule, 5, at::kBFloat16);
+      const double adjusted = lr * std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / p.size(1)));
+      p.mul_(1.0 - lr * wd);
+      p.add_(O, -adjusted);
+    }
+    ++step;
+    const double alr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, awd = 0.01;
+    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step)), bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+    for (size_t i = 0; i < others.size(); ++i) {
+      auto& p = others[i];
+      const auto& g = p.grad();
+      exp_avg[i].lerp_(g, 1.0 - b1);
+      exp_avg_sq[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
+      auto denom = (exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(eps);
+      p.mul_(1.0 - alr * awd);
+      p.addcdiv_(exp_avg[i], denom, -alr / bc1);
+    }
+  }
+};
+
+int run_step(const StepArgs& a) {
+  const c10::Device device(a.device);
+  if (device.is_cuda() && !at::hasCUDA())
+    throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
+  at::manual_seed(0);
+  nlohmann::json rows = nlohmann::json::array();
+  std::cout << fmt::format("{:<7} {:<26} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms", "max ms");
+  auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
+    std::cout << fmt::format("{:<7} {:<26} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms, t.max_ms);
+    rows.push_back({{"set", set}, {"optimizer", what}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
+                    {"max_ms", t.max_ms}});
+  };
+  for (const auto& set : a.sets) {
+    for (const auto& alg : a.algorithms) {
+      Named named = param_set(set, device);
+      RoutingOptions routing;
+      routing.matrix.algorithm = parse_algorithm(alg);
+      Optimizer opt(route_params(named, routing));
+      report(set, "orthopt " + alg + " + AdamW", bench::time_ms([&] { opt.step(); }, device, a.warmup, a.repeats));
+    }
+    if (a.peer) {
+      Named named = param_set(set, device);
+      RoutingOptions routing;
+      PeerStep muon(named, true, routing);
+      report(set, "peer: torch Muon + AdamW", bench::time_ms([&] { muon.run(); }, device, a.warmup, a.repeats));
+      PeerStep adamw(named, false, routing);
+      report(set, "peer: AdamW (all, loop)", bench::time_ms([&] { adamw.run(); }, device, a.warmup, a.repeats));
+    }
+  }
+  std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps. Peers: torch ops\n"
+               "written in this benchmark (torch.optim.Muon's per-parameter formulation; per-parameter AdamW).\n";
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
+    f << nlohmann::json({{"benchmark", "step"}, {"device", a.device}, {"rows", rows}}).dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_step(CLI::App& bench, Action& action) {
+  auto args = std::make_shared<StepArgs>();
+  auto* step = bench.add_subcommand("step", "Whole optimizer step timings (ours and torch-native peers)");
+  step->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  step->add_option("--sets", args->sets, "parameter sets: gpt2, llama")->delimiter(',')
+      ->check(CLI::IsMember({"gpt2", "llama"}));
+  step->add_option("--algorithms", args->algorithms, "matrix optimizers: muon, normuon, dion3, dion")
+      ->delimiter(',')->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
+  step->add_option("--warmup", args->warmup, "warm-up steps")->check(CLI::Range(0, 1000));
+  step->add_option("--repeats", args->repeats, "timed steps (median reported)")->check(CLI::Range(1, 100000));
+  step->add_flag("!--no-peer", args->peer, "skip the torch-native peers");
+  step->add_option("--json", args->json, "also write the results as JSON to this file");
+  step->callback([args, &action] { action = [args] { return run_step(*args); }; });
+}
+
+}  // namespace orthopt::cli
