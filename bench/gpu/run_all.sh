@@ -59,7 +59,7 @@ if has bench; then
   [ -n "${WITH_ATEN_PRODUCTS:-}" ] && ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
     --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
   note "bench ns (ATen products, ORTHOPT_GPU_KERNELS=0) rc=$?"
-  { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
+  [ -z "${SKIP_STEP:-}" ] && { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
     > "$OUT/bench_step.txt" 2>&1
   note "bench step done"
 fi

@@ -23,8 +23,9 @@ typedef enum {
   ORTHOPT_SYM_BLOCKS = 1, /* cuBLAS products over the lower-triangle blocks, then a mirror pass */
   ORTHOPT_SYM_NATIVE = 2, /* our tensor-core kernel (mma.sync, sm_80+): lower tiles only, each
                              written twice (in place and mirrored) */
-  ORTHOPT_SYM_DENSE = 3   /* one dense cuBLASLt product and the mirror pass (fewest launches,
-                             for small m) */
+  ORTHOPT_SYM_DENSE = 3   /* one dense cuBLASLt product (fewest launches, for small m): both
+                             triangles, symmetric up to rounding; for B != A it multiplies by B
+                             as stored (equal to Bᵀ by the symmetry contract) */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */
@@ -35,8 +36,8 @@ const char* orthopt_last_error(void);
  * with A, B [m, k] and C, D [m, m]. The caller promises that A·Bᵀ is symmetric, which holds
  * for B == A (D = α·X·Xᵀ, a SYRK) and for A·B' with commuting symmetric A, B' [m, m]
  * (pass B = B': a symmetric B' equals its transpose). Only the lower triangle of A·Bᵀ is
- * computed; the upper triangle of D is its mirror, so D is exactly symmetric on every path.
- * C must be symmetric (pass NULL for none). D must not
+ * computed; the upper triangle of D is its mirror, so D is exactly symmetric (BLOCKS,
+ * NATIVE; DENSE: up to rounding). C must be symmetric (pass NULL for none). D must not
  * overlap A, B or C. Requires k % 8 == 0 and 16-byte aligned A, B for the native path. */
 orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
                                const void* A, int64_t stride_a, const void* B, int64_t stride_b,

@@ -62,11 +62,13 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
                           stream);
   }
   if (path == ORTHOPT_SYM_DENSE) {
-    ORTHOPT_STATUS_TRY(gemm_impl(dtype, batch, m, m, k, A, stride_a, B, stride_b, /*x_transposed=*/true, alpha, C,
-                                 stride_c, beta, D, stride_d, stream));
-    // Exact symmetry matters: the products downstream read B·ᵀ for B, and fp16 Gram NS amplified
-    // the rounding-level asymmetry of a dense product to 10x its error (measured, docs/gpu.md).
-    return mirror_lower(dtype, batch, m, D, stride_d, diag, stream);
+    // For B != A (square, symmetric by contract) take the product A·B as stored, like ATen:
+    // reading Bᵀ of a B that is symmetric only up to rounding made fp16 Gram NS ten times less
+    // accurate (docs/gpu.md). X·Xᵀ (B == A) and non-square operands use the transpose.
+    const bool transposed = B == A || k != m;
+    ORTHOPT_STATUS_TRY(gemm_impl(dtype, batch, m, m, k, A, stride_a, B, stride_b, transposed, alpha, C, stride_c,
+                                 beta, D, stride_d, stream));
+    return diag != 0.0f ? mirror_lower(dtype, batch, m, D, stride_d, diag, stream) : ORTHOPT_OK;
   }
   if (path != ORTHOPT_SYM_BLOCKS) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: unknown argument 'path' %d", path);
   return sym_abt_blocks(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, 0,
