@@ -51,11 +51,11 @@ if has test; then
 fi
 
 if has bench; then
-  timeout 240 "$ORTHOPT_BUILD_DIR/gpu/orthopt_sym_bench" 20 > "$OUT/sym_bench.md" 2>&1
-  note "sym_bench rc=$?"
   timeout 300 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto --warmup 3 --repeats 15 \
     --json "$OUT/bench_ns.json" > "$OUT/bench_ns.txt" 2>&1
   note "bench ns rc=$?"
+  timeout 240 "$ORTHOPT_BUILD_DIR/gpu/orthopt_sym_bench" 20 > "$OUT/sym_bench.md" 2>&1
+  note "sym_bench rc=$?"
   [ -n "${WITH_ATEN_PRODUCTS:-}" ] && ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
     --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
   note "bench ns (ATen products, ORTHOPT_GPU_KERNELS=0) rc=$?"
