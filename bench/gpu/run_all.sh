@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One GPU session: build against the machine's CUDA torch, run the GPU test suite, run the
-# benchmarks, write logs and tables to $OUT (default ./gpu-out), print a short summary last.
+# benchmarks, write logs and tables to $OUT (default build-gpu/out), print a short summary last.
 # Usage, from the repository root:   bench/gpu/run_all.sh [build|test|bench]...   (default: all)
-# The C++ dependencies the GPU image lacks (fmt, nlohmann-json, CLI11, GoogleTest) can be carried
-# in .gpudeps/usr (headers and cmake configs copied from this repo's Debian packages, see
-# docs/gpu.md); the machine's own copies win when present.
+# The C++ dependencies the GPU image lacks (fmt, nlohmann-json, CLI11, GoogleTest) are carried in
+# .gpudeps/usr (bench/gpu/make_gpudeps.sh copies them from this machine's Debian packages); when
+# that folder is present it comes first on CMAKE_PREFIX_PATH.
+# Env: GPU_SUITE_ONLY=1 (skip the CPU ctest suite), SKIP_SANITIZER=1, SKIP_STEP=1,
+#      WITH_ATEN_PRODUCTS=1 (also time NS with the kernels switched off).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-$PWD/${ORTHOPT_BUILD_DIR:-build-gpu}/out}
 mkdir -p "$OUT"
 export ORTHOPT_BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
 STEPS=${*:-build test bench}
