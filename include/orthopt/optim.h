@@ -135,4 +135,14 @@ struct RoutingOptions {
 std::vector<ParamGroup> route_params(const std::vector<std::pair<std::string, at::Tensor>>& named,
                                      const RoutingOptions& routing);
 
+// The routing decision alone (the one definition route_params and the Python helper use):
+// per parameter a slot, -1 frozen (requires_grad false), 0 matrix, 1 flattened >=4-D
+// matrix, 2 scalar, 3 embedding/head (no weight decay), 4 + k the k-th override pattern.
+enum RouteSlot : int { kRouteFrozen = -1, kRouteMatrix = 0, kRouteFlatten = 1, kRouteScalar = 2, kRouteNoDecay = 3,
+                       kRouteOverride = 4 };
+std::vector<int> route_slots(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                             const std::vector<std::string>& embedding_patterns,
+                             const std::vector<std::string>& head_patterns,
+                             const std::vector<std::string>& override_patterns);
+
 }  // namespace orthopt
