@@ -71,6 +71,8 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         defaults.update(self._defaults)
         defaults.update(kwargs)
         self._cpp = None
+        self._step_offset = 0      # steps taken by C++ optimizers replaced in add_param_group
+        self._skip_set = False
         super().__init__(params, defaults)
         self._synced = [None] * len(self.param_groups)
         self._cpp = self._build()
@@ -90,6 +92,12 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
             self._synced.append(None)
             self._cpp = self._build()
             self._cpp.load_param_states(states + [[{} for _ in self.param_groups[-1]["params"]]])
+            self._step_offset += old.step_count
+            self._cpp.set_lr_scale(float(old.lr_scale))
+            if self._skip_set:
+                self._cpp.set_skip_factor(old.skip_factor)
+            self.state = defaultdict(dict)  # alias the new optimizer's live tensors
+            self._alias_state()
 
     def _build(self):
         groups = []
@@ -140,10 +148,11 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
 
     def set_skip_factor(self, factor):
         self._cpp.set_skip_factor(torch.as_tensor(factor, dtype=torch.float32))
+        self._skip_set = True
 
     @property
     def step_count(self):
-        return self._cpp.step_count
+        return self._step_offset + self._cpp.step_count
 
     @property
     def state_bytes(self):
@@ -192,7 +201,7 @@ class Muon(_OrthoptOptimizer):
         Nesterov, one NS triple with eps 1e-7, lr rule 'original' (= jordan) unless given."""
         return cls(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                    momentum_style="ema", schedule=[tuple(ns_coefficients)], ns_steps=ns_steps, ns_safety=1.0,
-                   ns_eps=eps, lr_adjust=adjust_lr_fn or "original", **kwargs)
+                   ns_eps=eps, lr_adjust=adjust_lr_fn or "original", method="standard", **kwargs)
 
 
 class NorMuon(_OrthoptOptimizer):

@@ -160,6 +160,21 @@ def test_load_state_dict_mismatch_raises_and_changes_nothing():
         orthopt.NorMuon(c).load_state_dict(sd)
 
 
+def test_add_param_group_keeps_state_and_step_count():
+    p = make_params([(8, 12)], seed=9)
+    opt = orthopt.Muon(p)
+    _run(None, p, 2, opt=opt)
+    momentum = opt.state[p[0]]["momentum"].clone()
+    q = make_params([(5,)], seed=10)
+    opt.add_param_group({"params": q, "algorithm": "adamw"})
+    assert torch.equal(opt.state[p[0]]["momentum"], momentum)
+    live = opt.state[p[0]]["momentum"]
+    _run(None, p + q, 1, start=2, opt=opt)
+    assert opt.step_count == 3
+    assert live is opt.state[p[0]]["momentum"] and not torch.equal(live, momentum)
+    assert set(opt.state[q[0]]) == {"exp_avg", "exp_avg_sq", "step"}
+
+
 def test_lr_scheduler_drives_the_cpp_step():
     a = make_params([(10, 14)], seed=6)
     b = [p.detach().clone().requires_grad_() for p in a]
