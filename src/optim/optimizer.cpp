@@ -249,7 +249,7 @@ class OptimizerImpl {
         const std::string label = param_label(grp, gi, i);
         validate_param(p, grp.options, label);
         TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, label,
-                    " is listed in more than one group (option 'params')");
+                    " is listed more than once across the groups (option 'params')");
         if (!device) device = p.device();
         TORCH_CHECK(p.device() == *device, label, " is on ", p.device(), " but earlier parameters are on ", *device,
                     "; one optimizer handles one device");

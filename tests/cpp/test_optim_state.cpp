@@ -298,7 +298,7 @@ TEST(OptimErrors, BadInputNamesParamAndOption) {
   expect_error([&] { Optimizer({one("qkv.weight", mat(), o)}); }, {"'qkv.weight'", "split_sizes", "8 rows"});
   auto shared = mat().requires_grad_(true);
   ParamGroup g1 = one("a", shared), g2 = one("b", shared, with(Algorithm::AdamW));
-  expect_error([&] { Optimizer({g1, g2}); }, {"'b'", "more than one group"});
+  expect_error([&] { Optimizer({g1, g2}); }, {"'b'", "more than once"});
   // Sparse gradients are refused at the step.
   auto w = at::randn({8, 8}).requires_grad_(true);
   Optimizer opt({one("emb", w, with(Algorithm::AdamW))});
