@@ -86,8 +86,10 @@ class Optimizer {
   // Time-varying hyperparameters as device tensors (0-d fp32 on the params' device),
   // read by step() without host synchronization (CUDA-graph friendly):
   //   lr_scale multiplies every group's lr (the schedule factor), default 1;
-  //   skip_factor multiplies the update AND every state change: 0 leaves params and all
-  //   state bit-identical, 1 is a normal step.
+  //   skip_factor gates the update AND every state change: 0 leaves params and all
+  //   state bit-identical (also with NaN gradients), any other value is a normal step.
+  //   The gating (a `where` per write) is enabled by the first set_skip_factor call: make
+  //   it before a CUDA-graph capture.
   void set_lr_scale(double factor);
   void set_skip_factor(const at::Tensor& factor);  // copied in place (0-d, any device)
   const at::Tensor& lr_scale() const;
