@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/build.sh
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build}
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+# ctest runs one test per core; each test then uses one thread (two 2-thread torch pools
+# on 2 cores spin against each other and run tiny tensors ~50x slower).
+ORTHOPT_NUM_THREADS=${ORTHOPT_NUM_THREADS:-1} ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
 PY=$(grep -E '^Python3_EXECUTABLE' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)
 PYTHONPATH="$BUILD_DIR/python" "$PY" -m pytest -q tests/python
