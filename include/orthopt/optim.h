@@ -94,6 +94,7 @@ class Optimizer {
   void set_skip_factor(const at::Tensor& factor);  // copied in place (0-d, any device)
   const at::Tensor& lr_scale() const;
   const at::Tensor& skip_factor() const;
+  bool skip_gating() const;    // whether set_skip_factor has enabled the gating
   int64_t step_count() const;  // optimizer steps taken (skipped steps do not count)
 
   // Full state (per-param state, step counters, device hyperparameters) through torch

@@ -600,6 +600,7 @@ void Optimizer::set_skip_factor(const at::Tensor& factor) {
 
 const at::Tensor& Optimizer::lr_scale() const { return impl_->lr_scale; }
 const at::Tensor& Optimizer::skip_factor() const { return impl_->skip_factor; }
+bool Optimizer::skip_gating() const { return impl_->skip_active; }
 int64_t Optimizer::step_count() const { return impl_->steps.item<int64_t>(); }
 
 int64_t Optimizer::state_bytes() const {

@@ -1,0 +1,302 @@
+// orthopt::CudaGraphOptimizer (algorithms.md §10): warm up eagerly, capture one step, replay.
+// The rules and what is checked before each replay are in include/orthopt/cuda_graph.h.
+#include "orthopt/cuda_graph.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef ORTHOPT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace orthopt {
+
+#ifdef ORTHOPT_WITH_CUDA
+
+namespace {
+
+// The first option in which a and b differ, or nullptr. Every field of GroupOptions and
+// OrthoOptions is listed: the graph bakes all of them in (lr and weight decay as kernel
+// arguments, the schedule as the captured sequence of products).
+const char* first_difference(const GroupOptions& a, const GroupOptions& b) {
+  const OrthoOptions& x = a.ortho;
+  const OrthoOptions& y = b.ortho;
+  if (a.algorithm != b.algorithm) return "algorithm";
+  if (a.lr != b.lr) return "lr";
+  if (a.weight_decay != b.weight_decay) return "weight_decay";
+  if (a.cautious_weight_decay != b.cautious_weight_decay) return "cautious_weight_decay";
+  if (a.momentum != b.momentum) return "momentum";
+  if (a.momentum_style != b.momentum_style) return "momentum_style";
+  if (a.nesterov != b.nesterov) return "nesterov";
+  if (a.lr_adjust != b.lr_adjust) return "lr_adjust";
+  if (x.schedule != y.schedule) return "ortho.schedule";
+  if (x.custom_triples != y.custom_triples) return "ortho.custom_triples";
+  if (x.steps != y.steps) return "ortho.steps";
+  if (x.method != y.method) return "ortho.method";
+  if (x.compute_dtype != y.compute_dtype) return "ortho.compute_dtype";
+  if (x.gram_restarts != y.gram_restarts) return "ortho.gram_restarts";
+  if (x.gram_aspect_threshold != y.gram_aspect_threshold) return "ortho.gram_aspect_threshold";
+  if (x.safety != y.safety) return "ortho.safety";
+  if (x.eps != y.eps) return "ortho.eps";
+  if (x.split_sizes != y.split_sizes) return "ortho.split_sizes";
+  if (x.flatten != y.flatten) return "ortho.flatten";
+  if (x.nonfinite != y.nonfinite) return "ortho.nonfinite";
+  if (a.normuon_beta2 != b.normuon_beta2) return "normuon_beta2";
+  if (a.normuon_eps != b.normuon_eps) return "normuon_eps";
+  if (a.fraction != b.fraction) return "fraction";
+  if (a.scale_lr_by_fraction != b.scale_lr_by_fraction) return "scale_lr_by_fraction";
+  if (a.rank_fraction != b.rank_fraction) return "rank_fraction";
+  if (a.beta1 != b.beta1) return "beta1";
+  if (a.beta2 != b.beta2) return "beta2";
+  if (a.eps != b.eps) return "eps";
+  if (a.master_weights != b.master_weights) return "master_weights";
+  return nullptr;
+}
+
+std::string label(const ParamGroup& g, size_t group, size_t index) {
+  std::ostringstream s;
+  if (index < g.names.size() && !g.names[index].empty())
+    s << "parameter '" << g.names[index] << "' (group " << group << ")";
+  else
+    s << "parameter " << index << " of group " << group;
+  return s.str();
+}
+
+}  // namespace
+
+// What the captured graph depends on, recorded at capture and compared before each replay.
+struct CaptureRecord {
+  std::vector<GroupOptions> options;           // per group
+  std::vector<std::vector<const void*>> param_ptrs, grad_ptrs;  // grad: nullptr = had none
+  std::vector<const void*> state_ptrs;         // every state tensor, in map order
+  bool skip_gating = false;
+};
+
+struct CudaGraphOptimizer::Impl {
+  Optimizer& opt;
+  const int warmup;
+  c10::Device device;
+  at::cuda::CUDAStream side;  // capture (and the eager step just before it) runs here
+  int eager = 0;              // eager steps since construction / release()
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  CaptureRecord record;
+
+  Impl(Optimizer& o, int w, c10::Device d)
+      : opt(o), warmup(w), device(d), side(at::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+
+  // Runs `fn` on the side stream, ordered after all work queued so far on the current stream,
+  // and makes the current stream wait for it (so the caller sees a normal stream-ordered step).
+  template <typename Fn>
+  void on_side_stream(Fn&& fn) {
+    const at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream(device.index());
+    at::cuda::CUDAEvent before, after;
+    before.record(current);
+    before.block(side);
+    {
+      const c10::cuda::CUDAStreamGuard guard(side);
+      fn();
+    }
+    after.record(side);
+    after.block(current);
+  }
+
+  // True when every parameter with a gradient already has its state (created by its first
+  // eager step): state created inside the capture would be re-initialized by every replay.
+  bool state_ready() const {
+    const auto& groups = opt.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].params.size(); ++i)
+        if (groups[g].params[i].grad().defined() && opt.param_state(g, i).empty()) return false;
+    return true;
+  }
+
+  void check_capturable() const {
+    const auto& groups = opt.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].params.size(); ++i) {
+        const at::Tensor& p = groups[g].params[i];
+        TORCH_CHECK(!p.requires_grad() || p.grad().defined(), "CudaGraphOptimizer: ", label(groups[g], g, i),
+                    " requires grad but has no gradient at capture; the captured step would never update it. Run "
+                    "backward() so every trainable parameter has a gradient, or set requires_grad=false for frozen "
+                    "ones (or keep them in an eager optimizer)");
+      }
+  }
+
+  CaptureRecord snapshot() const {
+    CaptureRecord r;
+    const auto& groups = opt.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      r.options.push_back(groups[g].options);
+      r.param_ptrs.emplace_back();
+      r.grad_ptrs.emplace_back();
+      for (size_t i = 0; i < groups[g].params.size(); ++i) {
+        const at::Tensor& p = groups[g].params[i];
+        r.param_ptrs.back().push_back(p.data_ptr());
+        r.grad_ptrs.back().push_back(p.grad().defined() ? p.grad().data_ptr() : nullptr);
+        for (const auto& [name, t] : opt.param_state(g, i)) r.state_ptrs.push_back(t.data_ptr());
+      }
+    }
+    r.skip_gating = opt.skip_gating();
+    return r;
+  }
+
+  // Throws when something the graph baked in has changed since the capture.
+  void check_unchanged() const {
+    static const char* kHint = " Call release() to drop the graph (the next steps warm up and re-capture).";
+    const auto& groups = opt.param_groups();
+    TORCH_CHECK(groups.size() == record.options.size(), "CudaGraphOptimizer: the optimizer's groups changed after "
+                "capture.", kHint);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (const char* what = first_difference(record.options[g], groups[g].options))
+        TORCH_CHECK(false, "CudaGraphOptimizer: group ", g, " option '", what,
+                    "' changed after CUDA-graph capture; host-side hyperparameters are baked into the graph. "
+                    "Schedule the learning rate with set_lr_scale() (a device tensor, allowed), or call release() "
+                    "to re-capture with the new options.");
+      for (size_t i = 0; i < groups[g].params.size(); ++i) {
+        const at::Tensor& p = groups[g].params[i];
+        TORCH_CHECK(p.data_ptr() == record.param_ptrs[g][i], "CudaGraphOptimizer: ", label(groups[g], g, i),
+                    " was given new storage after capture.", kHint);
+        const void* captured_grad = record.grad_ptrs[g][i];
+        const at::Tensor& grad = p.grad();
+        if (captured_grad == nullptr) {
+          TORCH_CHECK(!grad.defined(), "CudaGraphOptimizer: ", label(groups[g], g, i),
+                      " had no gradient at capture but has one now; the graph does not update it.", kHint);
+          continue;
+        }
+        TORCH_CHECK(grad.defined(), "CudaGraphOptimizer: the gradient of ", label(groups[g], g, i),
+                    " is gone (zero_grad(set_to_none=true)?); the graph reads the gradient buffers it captured: "
+                    "use zero_grad(set_to_none=false) on the captured path.", kHint);
+        TORCH_CHECK(grad.data_ptr() == captured_grad, "CudaGraphOptimizer: the gradient of ", label(groups[g], g, i),
+                    " lives in a new buffer since capture (was .grad set to None or reassigned?); the graph reads "
+                    "the buffers it captured: use zero_grad(set_to_none=false) on the captured path.", kHint);
+      }
+    }
+    size_t k = 0;
+    bool same_state = true;
+    for (size_t g = 0; g < groups.size() && same_state; ++g)
+      for (size_t i = 0; i < groups[g].params.size() && same_state; ++i)
+        for (const auto& [name, t] : opt.param_state(g, i)) {
+          if (k >= record.state_ptrs.size() || t.data_ptr() != record.state_ptrs[k]) same_state = false;
+          ++k;
+        }
+    TORCH_CHECK(same_state && k == record.state_ptrs.size(), "CudaGraphOptimizer: the optimizer state was replaced "
+                "after capture (load() or load_param_states()).", kHint);
+    TORCH_CHECK(opt.skip_gating() == record.skip_gating, "CudaGraphOptimizer: set_skip_factor() was first called "
+                "after capture, so the captured step has no skip gating; call set_skip_factor() before the capture.",
+                kHint);
+  }
+
+  void capture_and_replay() {
+    check_capturable();
+    record = snapshot();
+    auto g = std::make_unique<at::cuda::CUDAGraph>();
+    std::string failure;
+    on_side_stream([&] {
+      g->capture_begin();
+      try {
+        opt.step();
+      } catch (const c10::Error& e) {
+        failure = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      try {
+        g->capture_end();  // also when the step threw: ends the stream's capture mode
+      } catch (const c10::Error& e) {
+        if (failure.empty()) failure = e.what_without_backtrace();
+      }
+    });
+    if (!failure.empty()) {
+      (void)cudaGetLastError();  // capture errors are not sticky; do not leak them to later calls
+      TORCH_CHECK(false, "CudaGraphOptimizer: capturing the optimizer step failed, nothing was applied (an op in "
+                  "the step is not capturable: a host synchronization or an unsupported library call): ",
+                  failure);
+    }
+    graph = std::move(g);
+    graph->replay();  // the capture itself executed nothing
+  }
+
+  void step() {
+    const c10::cuda::CUDAGuard device_guard(device);
+    if (graph) {
+      check_unchanged();
+      graph->replay();
+      return;
+    }
+    if (eager < warmup || !state_ready()) {
+      // Warm-up. The last warm-up step (and an extra one when a parameter got its first
+      // gradient only now) runs on the capture stream, so the per-stream resources created
+      // lazily (cuBLAS workspace) exist before the capture; the others on the current stream.
+      if (eager + 1 >= warmup)
+        on_side_stream([&] { opt.step(); });
+      else
+        opt.step();
+      ++eager;
+      return;
+    }
+    capture_and_replay();
+  }
+};
+
+CudaGraphOptimizer::CudaGraphOptimizer(Optimizer& opt, int warmup_steps) {
+  TORCH_CHECK(warmup_steps >= 1, "argument 'warmup_steps': must be >= 1 (the eager steps create the optimizer "
+              "state before the capture), got ", warmup_steps);
+  const auto& groups = opt.param_groups();
+  c10::optional<c10::Device> device;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    TORCH_CHECK(groups[g].options.algorithm != Algorithm::Dion || groups[g].params.empty(), "CudaGraphOptimizer: group ",
+                g, " uses 'dion', whose QR factorization (cuSOLVER/MAGMA) cannot be captured in a CUDA graph; keep "
+                "Dion groups in a separate eager optimizer (dion3 captures fine)");
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const at::Tensor& p = groups[g].params[i];
+      TORCH_CHECK(p.is_cuda(), "CudaGraphOptimizer: CUDA graphs need the parameters on a CUDA device, but ",
+                  label(groups[g], g, i), " is on ", p.device());
+      if (!device) device = p.device();
+    }
+  }
+  TORCH_CHECK(device.has_value(), "CudaGraphOptimizer: the optimizer has no parameters, nothing to capture");
+  impl_ = std::make_unique<Impl>(opt, warmup_steps, *device);
+}
+
+void CudaGraphOptimizer::step() { impl_->step(); }
+
+void CudaGraphOptimizer::release() {
+  impl_->graph.reset();
+  impl_->eager = 0;
+}
+
+bool CudaGraphOptimizer::captured() const { return impl_->graph != nullptr; }
+
+#else  // !ORTHOPT_WITH_CUDA
+
+struct CudaGraphOptimizer::Impl {
+  Optimizer& opt;
+  int warmup = 0;
+  int eager = 0;
+};
+
+CudaGraphOptimizer::CudaGraphOptimizer(Optimizer& opt, int warmup_steps) {
+  TORCH_CHECK(false, "CudaGraphOptimizer: CUDA graphs need a CUDA build of orthopt (this build has no CUDA support: "
+              "ORTHOPT_WITH_CUDA is off) and parameters on a CUDA device; use the optimizer's step() directly");
+}
+
+void CudaGraphOptimizer::step() { TORCH_CHECK(false, "CudaGraphOptimizer: CUDA graphs need a CUDA build"); }
+void CudaGraphOptimizer::release() {}
+bool CudaGraphOptimizer::captured() const { return false; }
+
+#endif  // ORTHOPT_WITH_CUDA
+
+CudaGraphOptimizer::~CudaGraphOptimizer() = default;
+int CudaGraphOptimizer::warmup_steps() const { return impl_->warmup; }
+int CudaGraphOptimizer::eager_steps() const { return impl_->eager; }
+Optimizer& CudaGraphOptimizer::optimizer() { return impl_->opt; }
+
+}  // namespace orthopt

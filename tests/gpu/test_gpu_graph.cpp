@@ -1,0 +1,327 @@
+// CUDA-graph optimizer step (algorithms.md §10) on the GPU: not in CI (needs a GPU; run
+// tests/gpu/run.sh or build-gpu/tests/gpu/test_gpu_graph).
+//
+// The gate: two optimizers over identical parameters receive identical random gradients every
+// step; one steps eagerly, the other through CudaGraphOptimizer (eager warm-up, capture, replays).
+// Parameters and every state tensor must stay bit-identical (at::equal), for a constant and for
+// a scheduled lr (set_lr_scale each step), with Muon, NorMuon, Dion3, AdamW and Lion groups in
+// one optimizer. Bitwise equality is the right tolerance: the replay launches the same kernels
+// with the same arguments on the same data as the eager step, so any difference is a bug
+// (a stale scalar baked into the graph, a missed write, a wrong buffer).
+#include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "orthopt/cuda_graph.h"
+#include "orthopt/optim.h"
+
+namespace {
+
+using orthopt::Algorithm;
+using orthopt::CudaGraphOptimizer;
+using orthopt::GroupOptions;
+using orthopt::Optimizer;
+using orthopt::ParamGroup;
+
+class GpuGraph : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Parameter shapes per group; the same seed gives the same values for both optimizers.
+struct Spec {
+  Algorithm algorithm;
+  std::vector<std::vector<int64_t>> shapes;
+  at::ScalarType dtype = at::kFloat;
+};
+
+const std::vector<Spec>& mixed_specs() {
+  static const std::vector<Spec> specs = {
+      {Algorithm::Muon, {{64, 96}, {64, 96}, {3, 32, 48}, {96, 40}}},  // two same shapes: one batched call
+      {Algorithm::Muon, {{48, 80}}, at::kBFloat16},                    // bf16 parameter and momentum
+      {Algorithm::NorMuon, {{80, 40}, {40, 120}}},
+      {Algorithm::Dion3, {{96, 64}, {64, 128}}},
+      {Algorithm::AdamW, {{96}, {32, 16}}},
+      {Algorithm::Lion, {{50}}},
+  };
+  return specs;
+}
+
+GroupOptions options_for(Algorithm a, size_t g) {
+  GroupOptions o;
+  o.algorithm = a;
+  o.lr = a == Algorithm::AdamW ? 3e-3 : (a == Algorithm::Lion ? 1e-4 : 0.02);
+  o.weight_decay = 0.05;
+  o.cautious_weight_decay = (g % 2) == 0;
+  o.nesterov = a == Algorithm::Muon;
+  if (a == Algorithm::Dion3) o.scale_lr_by_fraction = true;
+  return o;
+}
+
+std::vector<ParamGroup> make_groups(const std::vector<Spec>& specs, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<ParamGroup> groups;
+  for (size_t g = 0; g < specs.size(); ++g) {
+    ParamGroup grp;
+    grp.options = options_for(specs[g].algorithm, g);
+    for (size_t i = 0; i < specs[g].shapes.size(); ++i) {
+      at::Tensor p = at::randn(specs[g].shapes[i], gen, at::kFloat).mul_(0.1).to(specs[g].dtype).cuda();
+      p.set_requires_grad(true);
+      p.mutable_grad() = at::zeros_like(p);  // persistent gradient buffer, filled in place
+      grp.params.push_back(p);
+      grp.names.push_back("g" + std::to_string(g) + "_p" + std::to_string(i));
+    }
+    groups.push_back(std::move(grp));
+  }
+  return groups;
+}
+
+// Fills every gradient buffer of the optimizers in place with the same random values (never zeros).
+void fill_grads(const std::vector<Optimizer*>& opts, int64_t step) {
+  auto gen = at::detail::createCPUGenerator(1000 + step);
+  const auto& groups = opts[0]->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const at::Tensor& p0 = groups[g].params[i];
+      at::Tensor grad = at::randn(p0.sizes(), gen, at::kFloat).to(p0.scalar_type()).cuda();
+      for (Optimizer* o : opts) {
+        const at::Tensor& buffer = o->param_groups()[g].params[i].grad();
+        if (buffer.defined()) buffer.copy_(grad);  // parameters without a gradient stay so
+      }
+    }
+}
+
+// Bitwise comparison of parameters and every state tensor; returns the first mismatch.
+std::string first_mismatch(const Optimizer& a, const Optimizer& b) {
+  const auto& ga = a.param_groups();
+  const auto& gb = b.param_groups();
+  for (size_t g = 0; g < ga.size(); ++g)
+    for (size_t i = 0; i < ga[g].params.size(); ++i) {
+      const std::string name = ga[g].names[i];
+      if (!at::equal(ga[g].params[i], gb[g].params[i])) return name + " (parameter)";
+      const auto& sa = a.param_state(g, i);
+      const auto& sb = b.param_state(g, i);
+      if (sa.size() != sb.size()) return name + " (state entries)";
+      for (const auto& [key, t] : sa) {
+        auto it = sb.find(key);
+        if (it == sb.end() || !at::equal(t, it->second)) return name + " (state '" + key + "')";
+      }
+    }
+  return "";
+}
+
+std::vector<at::Tensor> snapshot_params(const Optimizer& o) {
+  std::vector<at::Tensor> out;
+  for (const auto& g : o.param_groups())
+    for (const auto& p : g.params) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool params_equal(const Optimizer& o, const std::vector<at::Tensor>& snap) {
+  size_t k = 0;
+  for (const auto& g : o.param_groups())
+    for (const auto& p : g.params)
+      if (!at::equal(p, snap[k++])) return false;
+  return true;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Runs `steps` steps on an eager and a graphed optimizer, comparing bitwise after each.
+void run_gate(bool scheduled_lr) {
+  Optimizer eager(make_groups(mixed_specs(), 11));
+  Optimizer graphed_opt(make_groups(mixed_specs(), 11));
+  ASSERT_EQ(first_mismatch(eager, graphed_opt), "");
+  const int warmup = 3, steps = 10;
+  CudaGraphOptimizer graphed(graphed_opt, warmup);
+  for (int t = 0; t < steps; ++t) {
+    if (scheduled_lr) {
+      const double scale = 0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t / steps));  // cosine, never 0
+      eager.set_lr_scale(scale);
+      graphed_opt.set_lr_scale(scale);
+    }
+    fill_grads({&eager, &graphed_opt}, t);
+    const auto before = snapshot_params(eager);
+    eager.step();
+    graphed.step();
+    EXPECT_EQ(graphed.captured(), t >= warmup) << "step " << t;
+    EXPECT_FALSE(params_equal(eager, before)) << "step " << t << " changed nothing";
+    const std::string diff = first_mismatch(eager, graphed_opt);
+    ASSERT_EQ(diff, "") << "step " << t << (t >= warmup ? " (replay)" : " (eager warm-up)")
+                        << ": graphed optimizer differs from eager at " << diff;
+  }
+  EXPECT_EQ(graphed.eager_steps(), warmup);
+  EXPECT_EQ(eager.step_count(), steps);
+  EXPECT_EQ(graphed_opt.step_count(), steps);  // the step counter lives in the graph too
+}
+
+TEST_F(GpuGraph, ReplayBitIdenticalToEagerConstantLr) { run_gate(false); }
+
+TEST_F(GpuGraph, ReplayBitIdenticalToEagerScheduledLr) { run_gate(true); }
+
+// The skip factor is a device tensor: a skipped replay leaves everything bit-identical and
+// matches a skipped eager step. Gating must be enabled before the capture.
+TEST_F(GpuGraph, SkipFactorActsInsideTheGraph) {
+  Optimizer eager(make_groups(mixed_specs(), 12));
+  Optimizer graphed_opt(make_groups(mixed_specs(), 12));
+  auto one = at::ones({}, at::kFloat), zero = at::zeros({}, at::kFloat);
+  eager.set_skip_factor(one);
+  graphed_opt.set_skip_factor(one);
+  CudaGraphOptimizer graphed(graphed_opt, 2);
+  for (int t = 0; t < 7; ++t) {
+    const bool skip = t == 4 || t == 5;  // skipped replays
+    eager.set_skip_factor(skip ? zero : one);
+    graphed_opt.set_skip_factor(skip ? zero : one);
+    fill_grads({&eager, &graphed_opt}, 50 + t);
+    const auto before = snapshot_params(graphed_opt);
+    eager.step();
+    graphed.step();
+    EXPECT_EQ(params_equal(graphed_opt, before), skip) << "step " << t;
+    ASSERT_EQ(first_mismatch(eager, graphed_opt), "") << "step " << t;
+  }
+  EXPECT_EQ(graphed_opt.step_count(), 5);
+}
+
+TEST_F(GpuGraph, SkipGatingEnabledAfterCaptureIsRefused) {
+  Optimizer opt(make_groups(mixed_specs(), 13));
+  CudaGraphOptimizer graphed(opt, 1);
+  fill_grads({&opt}, 0);
+  graphed.step();
+  graphed.step();  // captured
+  ASSERT_TRUE(graphed.captured());
+  opt.set_skip_factor(at::zeros({}, at::kFloat));
+  const std::string err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("set_skip_factor"), std::string::npos) << err;
+}
+
+TEST_F(GpuGraph, RefusesCaptureWhenATrainableParameterHasNoGradient) {
+  auto groups = make_groups({{Algorithm::Muon, {{32, 48}, {40, 24}}}, {Algorithm::AdamW, {{16}}}}, 14);
+  groups[0].params[1].mutable_grad() = at::Tensor();  // trainable, but no gradient
+  at::Tensor frozen = at::randn({8}, at::kFloat).cuda();  // no requires_grad, no grad: fine
+  groups[1].params.push_back(frozen);
+  groups[1].names.push_back("frozen");
+  Optimizer opt(std::move(groups));
+  CudaGraphOptimizer graphed(opt, 1);
+  fill_grads({&opt}, 0);
+  graphed.step();  // eager warm-up is allowed (the parameter is just skipped)
+  const auto before = snapshot_params(opt);
+  const std::string err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("'g0_p1'"), std::string::npos) << err;
+  EXPECT_NE(err.find("no gradient"), std::string::npos) << err;
+  EXPECT_FALSE(graphed.captured());
+  EXPECT_TRUE(params_equal(opt, before)) << "a refused capture must not change anything";
+}
+
+TEST_F(GpuGraph, HostHyperparameterChangeRefusedThenReleaseStepsEagerlyAndRecaptures) {
+  Optimizer eager(make_groups(mixed_specs(), 15));
+  Optimizer graphed_opt(make_groups(mixed_specs(), 15));
+  CudaGraphOptimizer graphed(graphed_opt, 2);
+  int t = 0;
+  auto both_step = [&] {
+    fill_grads({&eager, &graphed_opt}, 100 + t++);
+    eager.step();
+    graphed.step();
+  };
+  for (int k = 0; k < 4; ++k) both_step();
+  ASSERT_TRUE(graphed.captured());
+
+  GroupOptions changed = graphed_opt.param_groups()[2].options;
+  changed.lr *= 0.5;
+  graphed_opt.set_group_options(2, changed);
+  eager.set_group_options(2, changed);
+  fill_grads({&eager, &graphed_opt}, 100 + t);
+  const auto before = snapshot_params(graphed_opt);
+  const std::string err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("group 2 option 'lr'"), std::string::npos) << err;
+  EXPECT_NE(err.find("set_lr_scale"), std::string::npos) << err;
+  EXPECT_TRUE(params_equal(graphed_opt, before)) << "a refused replay must not change anything";
+
+  graphed.release();
+  EXPECT_FALSE(graphed.captured());
+  EXPECT_EQ(graphed.eager_steps(), 0);
+  eager.step();  // the step refused above, now taken eagerly by both
+  graphed.step();
+  ++t;
+  EXPECT_FALSE(graphed.captured());
+  EXPECT_EQ(graphed.eager_steps(), 1);
+  ASSERT_EQ(first_mismatch(eager, graphed_opt), "");
+  for (int k = 0; k < 4; ++k) {
+    both_step();
+    ASSERT_EQ(first_mismatch(eager, graphed_opt), "") << "after release, step " << k;
+  }
+  EXPECT_TRUE(graphed.captured());  // re-captured with the new lr after 2 warm-up steps
+}
+
+TEST_F(GpuGraph, GradientBuffersMustBeKept) {
+  Optimizer opt(make_groups({{Algorithm::Muon, {{32, 48}}}, {Algorithm::AdamW, {{16}}}}, 16));
+  CudaGraphOptimizer graphed(opt, 1);
+  fill_grads({&opt}, 0);
+  graphed.step();
+  graphed.step();
+  ASSERT_TRUE(graphed.captured());
+  opt.zero_grad(/*set_to_none=*/false);  // keeps the buffers: fine
+  fill_grads({&opt}, 1);
+  graphed.step();
+
+  opt.zero_grad(/*set_to_none=*/true);
+  std::string err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("set_to_none=false"), std::string::npos) << err;
+
+  for (const auto& g : opt.param_groups())
+    for (auto p : g.params) p.mutable_grad() = at::randn_like(p);  // new buffers
+  err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("new buffer"), std::string::npos) << err;
+
+  graphed.release();  // a new capture adopts the new buffers
+  graphed.step();
+  graphed.step();
+  EXPECT_TRUE(graphed.captured());
+}
+
+TEST_F(GpuGraph, ReplacedStateIsRefused) {
+  Optimizer opt(make_groups({{Algorithm::Muon, {{32, 48}}}, {Algorithm::AdamW, {{16}}}}, 17));
+  CudaGraphOptimizer graphed(opt, 1);
+  fill_grads({&opt}, 0);
+  graphed.step();
+  graphed.step();
+  ASSERT_TRUE(graphed.captured());
+  std::vector<std::vector<Optimizer::StateDict>> states;
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+    states.emplace_back();
+    for (size_t i = 0; i < opt.param_groups()[g].params.size(); ++i) states.back().push_back(opt.param_state(g, i));
+  }
+  opt.load_param_states(states);  // copies: new storage
+  const std::string err = error_of([&] { graphed.step(); });
+  EXPECT_NE(err.find("state was replaced"), std::string::npos) << err;
+}
+
+TEST_F(GpuGraph, DionAndCpuParametersAreRefused) {
+  auto dion = make_groups({{Algorithm::Dion, {{32, 48}}}}, 18);
+  Optimizer opt(std::move(dion));
+  std::string err = error_of([&] { CudaGraphOptimizer g(opt); });
+  EXPECT_NE(err.find("'dion'"), std::string::npos) << err;
+
+  ParamGroup cpu;
+  cpu.params.push_back(at::randn({8, 8}));
+  cpu.names.push_back("w_cpu");
+  Optimizer cpu_opt({cpu});
+  err = error_of([&] { CudaGraphOptimizer g(cpu_opt); });
+  EXPECT_NE(err.find("'w_cpu'"), std::string::npos) << err;
+  EXPECT_NE(err.find("CUDA device"), std::string::npos) << err;
+}
+
+}  // namespace
