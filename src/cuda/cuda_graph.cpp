@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -199,6 +200,9 @@ struct CudaGraphOptimizer::Impl {
     record = snapshot();
     auto g = std::make_unique<at::cuda::CUDAGraph>();
     std::string failure;
+    // Like torch.cuda.graph: start from an idle device (a one-time cost), so no pending work
+    // or cross-stream wait overlaps the capture.
+    c10::cuda::device_synchronize();
     on_side_stream([&] {
       g->capture_begin();
       try {
