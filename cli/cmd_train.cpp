@@ -139,7 +139,9 @@ void add_config_flags(CLI::App* cmd, TrainArgs& args, const std::vector<std::str
   cmd->add_option("--config", args.config_file, "JSON config file (flags override its keys)");
   for (const auto& spec : flag_specs()) {
     if (std::find(skip.begin(), skip.end(), spec.key) != skip.end()) continue;
-    args.options[spec.key] = cmd->add_option(flag_of(spec.key), args.values[spec.key], spec.help);
+    // Given twice, the last value wins (like most CLIs; scripts append overrides).
+    args.options[spec.key] = cmd->add_option(flag_of(spec.key), args.values[spec.key], spec.help)
+                                 ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
 }
 

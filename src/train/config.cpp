@@ -147,7 +147,12 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.scalar_lr > 0.0 && c.scalar_lr <= 10.0, "scalar_lr: must be in (0, 10], got ", c.scalar_lr);
   TORCH_CHECK(c.weight_decay >= 0.0 && c.weight_decay < 1.0, "weight_decay: must be in [0, 1), got ", c.weight_decay);
   TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum: must be in [0, 1), got ", c.momentum);
-  orthopt::train::validate(c.schedule);
+  try {
+    orthopt::train::validate(c.schedule);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "schedule options (schedule, warmup_frac, stable_frac, decay_frac, min_lr_ratio, decay_shape): ",
+                e.msg());
+  }
   TORCH_CHECK(c.steps >= 1 && c.steps <= 100000000, "steps: must be in [1, 1e8], got ", c.steps);
   TORCH_CHECK(c.batch_size >= 1 && c.batch_size <= 65536, "batch_size: must be in [1, 65536], got ", c.batch_size);
   TORCH_CHECK(c.grad_accum >= 1 && c.grad_accum <= 4096, "grad_accum: must be in [1, 4096], got ", c.grad_accum);

@@ -274,7 +274,6 @@ TEST(Model, ParamRouting) {
   }
   EXPECT_EQ(qkv_seen, cfg.n_layers);
   EXPECT_EQ(matrix + scalar, model->num_parameters());
-  EXPECT_GT(matrix, scalar);
 
   ModelConfig moe_cfg = cfg;
   moe_cfg.n_experts = 4;

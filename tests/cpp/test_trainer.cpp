@@ -3,7 +3,9 @@
 // writes, clear errors that leave the run directory untouched, gradient accumulation and a
 // quick `orthopt compare`. Tiny model, 32-byte context, 4 sequences per batch: seconds per run.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -85,6 +88,8 @@ pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, st
             const fs::path& out, const fs::path& err) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // One thread: these runs are tiny, and ctest runs tests in parallel on few cores.
+    ::setenv("ORTHOPT_NUM_THREADS", "1", 0);
     for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
     if (!::freopen(out.c_str(), "w", stdout) || !::freopen(err.c_str(), "w", stderr)) ::_exit(120);
     std::vector<char*> argv;
@@ -288,26 +293,42 @@ TEST(Trainer, SigkillDuringCheckpointingThenResume) {
   fs::create_directories(dir);
   const auto out = scratch_root() / "kill.out", err = scratch_root() / "kill.err";
   // A checkpoint every step, so most of the wall time is spent inside checkpoint writes.
+  // inotify reports the creation of step_N.tmp at once: the kill lands while its files are
+  // being written (polling the directory is too slow to catch a write of a few milliseconds).
+  const int watch = ::inotify_init1(IN_NONBLOCK);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(::inotify_add_watch(watch, dir.c_str(), IN_CREATE), 0);
   const pid_t pid = spawn(train_args(dir, {"--checkpoint-every", "1", "--keep-last", "2"}), {}, out, err);
   bool killed = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string killed_at;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!killed && std::chrono::steady_clock::now() < deadline) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      // Kill in the middle of writing the checkpoint of step >= 5 (step_N.tmp exists).
-      if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp" &&
-          std::stoll(name.substr(5)) >= 5) {
+    pollfd pfd{watch, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) {
+      if (::waitpid(pid, nullptr, WNOHANG) != 0) break;  // ended without being killed
+      continue;
+    }
+    alignas(inotify_event) char buf[4096];
+    const ssize_t n = ::read(watch, buf, sizeof(buf));
+    for (ssize_t off = 0; n > 0 && off < n && !killed;) {
+      const auto* ev = reinterpret_cast<const inotify_event*>(buf + off);
+      const std::string name = ev->len ? ev->name : "";
+      // Kill while the checkpoint of step >= 5 is being written (its step_N.tmp just appeared).
+      std::smatch m;
+      static const std::regex publishing(R"(step_(\d+)\.tmp)");
+      if (std::regex_match(name, m, publishing) && std::stoll(m[1]) >= 5) {
         ::kill(pid, SIGKILL);
         killed = true;
-        break;
+        killed_at = name;
       }
+      off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
     }
-    if (!killed) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  ::close(watch);
   const auto r = wait_for(pid, out, err);
   ASSERT_TRUE(killed) << "never saw a checkpoint being written: " << r.err;
   ASSERT_EQ(r.signal, SIGKILL) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir / killed_at)) << killed_at << " was published or removed before the kill landed";
   // What is left: complete checkpoints and at most a stale .tmp, never a half-published step_N.
   int complete = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
