@@ -277,9 +277,12 @@ TEST(Trainer, NonFiniteStepsAreSkippedThenAbort) {
   torch::serialize::InputArchive a, b;
   a.load_from((dir / "step_4" / "model.pt").string());
   b.load_from((dir / "step_6" / "model.pt").string());
+  torch::serialize::InputArchive ha, hb;  // module archives nest: lm_head/weight
+  a.read("lm_head", ha);
+  b.read("lm_head", hb);
   at::Tensor wa, wb;
-  a.read("lm_head.weight", wa);
-  b.read("lm_head.weight", wb);
+  ha.read("weight", wa);
+  hb.read("weight", wb);
   EXPECT_FALSE(torch::equal(wa, wb));
 
   const auto dir2 = fresh_dir("nonfinite_abort");
