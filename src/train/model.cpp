@@ -241,10 +241,15 @@ void TransformerImpl::update_router_biases(const at::Tensor& skip_factor) {
 
 std::vector<ParamGroup> TransformerImpl::param_groups(const RoutingOptions& routing) const {
   RoutingOptions r = routing;
-  GroupOptions qkv = routing.matrix;
-  qkv.ortho.split_sizes = {cfg_.d_model, cfg_.d_model, cfg_.d_model};  // q, k, v orthogonalized apart
   r.overrides.insert(r.overrides.begin(), {R"(\.moe\.router$)", routing.scalar});
-  r.overrides.insert(r.overrides.begin(), {R"(\.attn\.qkv\.weight$)", qkv});
+  // q, k and v are orthogonalized apart where the algorithm orthogonalizes whole matrices;
+  // Dion3's row selection and Dion's low rank act on the whole fused matrix.
+  const Algorithm a = routing.matrix.algorithm;
+  if (a == Algorithm::Muon || a == Algorithm::NorMuon) {
+    GroupOptions qkv = routing.matrix;
+    qkv.ortho.split_sizes = {cfg_.d_model, cfg_.d_model, cfg_.d_model};
+    r.overrides.insert(r.overrides.begin(), {R"(\.attn\.qkv\.weight$)", qkv});
+  }
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& p : named_parameters()) named.emplace_back(p.key(), p.value());
   return route_params(named, r);

@@ -254,8 +254,10 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
     // the interrupted process are replaced by what this process recomputes.
     write_file_atomically(metrics_path, read_whole_file((fs::path(dir) / "metrics.jsonl").string()));
     log << "resumed from " << dir << " at step " << step << "\n";
-  } else if (c.resume) {
-    log << "no valid checkpoint in " << c.run_dir << ": starting from step 0\n";
+  } else {
+    // Fresh start (with --resume: a crash before the first checkpoint): no stale lines.
+    write_file_atomically(metrics_path, "");
+    if (c.resume) log << "no valid checkpoint in " << c.run_dir << ": starting from step 0\n";
   }
   std::ofstream metrics(metrics_path, std::ios::app);
   TORCH_CHECK(metrics, "cannot open ", metrics_path, " for appending");

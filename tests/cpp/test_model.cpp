@@ -275,6 +275,12 @@ TEST(Model, ParamRouting) {
   EXPECT_EQ(qkv_seen, cfg.n_layers);
   EXPECT_EQ(matrix + scalar, model->num_parameters());
 
+  // Dion3 selects rows of the whole fused matrix: no split there.
+  RoutingOptions dion3;
+  dion3.matrix.algorithm = Algorithm::Dion3;
+  for (const auto& g : model->param_groups(dion3))
+    if (is_matrix_algorithm(g.options.algorithm)) EXPECT_TRUE(g.options.ortho.split_sizes.empty());
+
   ModelConfig moe_cfg = cfg;
   moe_cfg.n_experts = 4;
   Transformer moe_model(moe_cfg);

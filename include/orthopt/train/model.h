@@ -124,7 +124,8 @@ class TransformerImpl : public torch::nn::Module {
   // Once per optimizer step (MoE only; no-op for the dense model).
   void update_router_biases(const at::Tensor& skip_factor);
   // Param groups for the optimizer: route_params on named_parameters() with the fused QKV
-  // weights split into their q, k, v blocks and the MoE routers given to the scalar group.
+  // weights split into their q, k, v blocks (Muon, NorMuon) and the MoE routers given to the
+  // scalar group.
   std::vector<ParamGroup> param_groups(const RoutingOptions& routing) const;
 
   torch::nn::Embedding tok_emb{nullptr};
