@@ -10,5 +10,6 @@ namespace orthopt::cli {
 using Action = std::function<int()>;
 
 void register_bench(CLI::App& app, Action& action);
+void register_train(CLI::App& app, Action& action);  // train and compare
 
 }  // namespace orthopt::cli
