@@ -10,5 +10,6 @@ namespace orthopt::cli {
 using Action = std::function<int()>;
 
 void register_bench(CLI::App& app, Action& action);
+void register_dist(CLI::App& app, Action& action);  // launch, dist-step (cli/cmd_dist.cpp)
 
 }  // namespace orthopt::cli

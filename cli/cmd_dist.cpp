@@ -1,0 +1,172 @@
+// `orthopt launch`: run N local ranks of any command (RANK/WORLD_SIZE/MASTER_* set).
+// `orthopt dist-step`: one rank of a data-parallel optimizer-step benchmark on a named
+//   parameter set (random gradients); prints per-step timings and bytes per collective.
+//   Run it under the launcher: `orthopt launch --nproc 4 -- orthopt dist-step --set gpt2`.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include "commands.h"
+#include "orthopt/dist.h"
+#include "orthopt/optim.h"
+
+namespace orthopt::cli {
+
+namespace {
+
+struct StepArgs {
+  std::string set = "gpt2";
+  std::string algorithm = "muon";
+  double fraction = 0.25;
+  std::string device = "cpu";
+  int steps = 5;
+  int warmup = 1;
+  std::string json;
+};
+
+// Parameter sets of performance.md (shapes only; values random). "small" is a quick one.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_set(const std::string& name) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> ps;
+  if (name == "gpt2") {
+    ps.push_back({"wte", {50304, 768}});
+    for (int l = 0; l < 12; ++l) {
+      ps.push_back({fmt::format("h{}.attn.c_attn", l), {2304, 768}});
+      ps.push_back({fmt::format("h{}.attn.c_proj", l), {768, 768}});
+      ps.push_back({fmt::format("h{}.mlp.c_fc", l), {3072, 768}});
+      ps.push_back({fmt::format("h{}.mlp.c_proj", l), {768, 3072}});
+      for (int v = 0; v < 4; ++v) ps.push_back({fmt::format("h{}.ln{}", l, v), {768}});
+    }
+    ps.push_back({"ln_f.w", {768}});
+    ps.push_back({"ln_f.b", {768}});
+  } else if (name == "llama1b") {
+    ps.push_back({"embed", {32000, 2048}});
+    for (int l = 0; l < 22; ++l) {
+      for (const char* m : {"q", "k", "v", "o"}) ps.push_back({fmt::format("l{}.attn.{}", l, m), {2048, 2048}});
+      ps.push_back({fmt::format("l{}.mlp.gate", l), {5632, 2048}});
+      ps.push_back({fmt::format("l{}.mlp.up", l), {5632, 2048}});
+      ps.push_back({fmt::format("l{}.mlp.down", l), {2048, 5632}});
+      ps.push_back({fmt::format("l{}.norm1", l), {2048}});
+      ps.push_back({fmt::format("l{}.norm2", l), {2048}});
+    }
+    ps.push_back({"norm", {2048}});
+    ps.push_back({"lm_head", {32000, 2048}});
+  } else if (name == "small") {
+    ps.push_back({"embed", {1000, 128}});
+    for (int l = 0; l < 4; ++l) {
+      ps.push_back({fmt::format("l{}.qkv", l), {384, 128}});
+      ps.push_back({fmt::format("l{}.o", l), {128, 128}});
+      ps.push_back({fmt::format("l{}.fc", l), {512, 128}});
+      ps.push_back({fmt::format("l{}.proj", l), {128, 512}});
+      ps.push_back({fmt::format("l{}.norm", l), {128}});
+    }
+  } else {
+    throw std::invalid_argument("--set must be gpt2, llama1b or small, got '" + name + "'");
+  }
+  return ps;
+}
+
+int run_dist_step(const StepArgs& a) {
+  const c10::Device device(a.device);
+  auto ctx = std::make_shared<dist::DistContext>([&] {
+    dist::DistOptions o;
+    o.device = device;
+    return o;
+  }());
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  at::manual_seed(1234);
+  for (const auto& [n, shape] : parameter_set(a.set))
+    named.push_back({n, at::randn(shape, at::TensorOptions().device(device)).mul_(0.02)});
+  RoutingOptions routing;
+  routing.matrix.algorithm = parse_algorithm(a.algorithm);
+  routing.matrix.fraction = a.fraction;
+  auto groups = route_params(named, routing);
+  int64_t total_params = 0;
+  for (const auto& [n, t] : named) total_params += t.numel();
+
+  dist::DistributedOptimizer opt(groups, ctx);
+  at::manual_seed(1000 + ctx->rank());  // different local gradients per rank
+  std::vector<double> ms;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    for (auto& g : opt.param_groups())
+      for (auto p : g.params) p.mutable_grad() = at::randn_like(p);
+    if (s == a.warmup) ctx->reset_comm_stats();
+    ctx->barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    opt.step();
+    if (device.is_cuda()) ctx->barrier();  // the collectives are asynchronous on the device
+    auto t1 = std::chrono::steady_clock::now();
+    if (s >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  // State bytes of every rank, to rank 0 (one all-reduce of a world-size vector).
+  at::Tensor sb = at::zeros({ctx->world_size()}, at::TensorOptions().dtype(at::kDouble).device(device));
+  sb[ctx->rank()] = static_cast<double>(opt.state_bytes());
+  ctx->all_reduce_sum(sb);
+  sb = sb.cpu();
+
+  nlohmann::json out;
+  out["set"] = a.set;
+  out["algorithm"] = a.algorithm;
+  out["world_size"] = ctx->world_size();
+  out["backend"] = ctx->backend();
+  out["params"] = total_params;
+  out["flat_elements_per_rank"] = opt.flat_elements_per_rank();
+  out["step_ms_median"] = ms[ms.size() / 2];
+  out["state_bytes_per_rank"] = std::vector<double>(sb.data_ptr<double>(), sb.data_ptr<double>() + sb.numel());
+  for (const auto& [kind, st] : ctx->comm_stats()) {
+    if (kind == "barrier" || kind == "all_reduce") continue;  // the benchmark's own
+    out["per_step"][kind] = {{"calls", st.calls / a.steps},
+                             {"payload_bytes", st.payload_bytes / a.steps},
+                             {"wire_bytes", st.wire_bytes / a.steps}};
+  }
+  if (ctx->rank() == 0) {
+    std::cout << out.dump(1) << std::endl;
+    if (!a.json.empty()) std::ofstream(a.json) << out.dump(1) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_dist(CLI::App& app, Action& action) {
+  auto nproc = std::make_shared<int>(2);
+  auto grace = std::make_shared<double>(5.0);
+  auto cmd = std::make_shared<std::vector<std::string>>();
+  auto* launch = app.add_subcommand("launch", "Run N local ranks of a command (sets RANK, WORLD_SIZE, MASTER_ADDR, "
+                                              "MASTER_PORT); a failing rank stops all, exit code non-zero");
+  launch->add_option("--nproc", *nproc, "number of local processes")->check(CLI::Range(1, 1024));
+  launch->add_option("--grace-s", *grace, "seconds between SIGTERM and SIGKILL of the other ranks after a failure")
+      ->check(CLI::Range(0.0, 3600.0));
+  launch->add_option("command", *cmd, "command and its arguments (after --)")->required();
+  launch->callback([=, &action] {
+    action = [=] {
+      return dist::launch_local(*nproc, *cmd, std::chrono::milliseconds(static_cast<int64_t>(*grace * 1000)));
+    };
+  });
+
+  auto args = std::make_shared<StepArgs>();
+  auto* step = app.add_subcommand("dist-step", "One rank of the distributed optimizer-step benchmark "
+                                               "(run under `orthopt launch`)");
+  step->add_option("--set", args->set, "parameter set: gpt2, llama1b, small")
+      ->check(CLI::IsMember({"gpt2", "llama1b", "small"}));
+  step->add_option("--algorithm", args->algorithm, "matrix algorithm: muon, normuon, dion3, dion")
+      ->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
+  step->add_option("--fraction", args->fraction, "Dion3 row fraction")->check(CLI::Range(0.0, 1.0));
+  step->add_option("--device", args->device, "cpu or cuda:<local rank> (cuda uses NCCL)");
+  step->add_option("--steps", args->steps, "timed steps")->check(CLI::Range(1, 10000));
+  step->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::Range(0, 1000));
+  step->add_option("--json", args->json, "rank 0 also writes the result here");
+  step->callback([args, &action] {
+    action = [args] {
+      StepArgs a = *args;
+      if (a.device == "cuda") a.device = "cuda:" + std::string(std::getenv("LOCAL_RANK") ? std::getenv("LOCAL_RANK") : "0");
+      return run_dist_step(a);
+    };
+  });
+}
+
+}  // namespace orthopt::cli
