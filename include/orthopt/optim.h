@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/serialize/archive.h>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,9 @@ const char* to_string(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);  // muon | normuon | dion3 | dion | adamw | lion
 const char* to_string(LrAdjust a);
 LrAdjust parse_lr_adjust(const std::string& s);   // spectral_norm | jordan | rms_norm | none
+                                                  // (torch's names original | match_rms_adamw too)
+const char* to_string(MomentumStyle m);
+MomentumStyle parse_momentum_style(const std::string& s);  // accumulate | ema
 bool is_matrix_algorithm(Algorithm a);            // muon, normuon, dion3, dion
 
 // Every option of every algorithm; a group uses those of its algorithm. Defaults follow
@@ -97,6 +102,19 @@ class Optimizer {
 
   // Bytes of optimizer state held (for the memory-per-rank checks of the distributed layer).
   int64_t state_bytes() const;
+
+  // Per-parameter state (name -> tensor; empty before the parameter's first step). The
+  // tensors are the live state: steps update them in place. Names per algorithm:
+  //   muon: momentum | normuon, dion3: momentum, variance [..., rows, 1] fp32 |
+  //   dion: momentum, Q [..., cols, r] fp32 | adamw: exp_avg, exp_avg_sq, step (0-d fp32) |
+  //   lion: exp_avg | any, with master weights: master (fp32).
+  using StateDict = std::map<std::string, at::Tensor>;
+  const StateDict& param_state(size_t group, size_t index) const;
+  // Replaces the state of every parameter (outer index: group, inner: param; an empty map
+  // leaves a parameter without state). Validates names and shapes of everything first and
+  // throws without changing anything on a mismatch; values are copied (cast to the state's
+  // dtype, moved to the parameter's device).
+  void load_param_states(const std::vector<std::vector<StateDict>>& states);
 
  private:
   std::unique_ptr<OptimizerImpl> impl_;

@@ -1,0 +1,695 @@
+// orthopt::Optimizer: parameter groups of any algorithm (algorithms.md §3–7, §9).
+//
+// Structure of a step: for each group, the algorithm's step function reads the gradient and
+// the state, computes NEW tensors with the pure math of update_math.h, and commits them
+// through commit(), the single place where the skip factor acts. Every matrix the
+// orthogonalization needs in a group is collected first and same-shaped ones go through one
+// batched orthogonalize() call.
+#include "orthopt/optim.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <unordered_set>
+
+#include "optim/update_math.h"
+
+namespace orthopt {
+
+using optim_detail::lr_adjust_factor;
+using StateDict = Optimizer::StateDict;
+
+// ---------------------------------------------------------------- names
+
+const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::Muon: return "muon";
+    case Algorithm::NorMuon: return "normuon";
+    case Algorithm::Dion3: return "dion3";
+    case Algorithm::Dion: return "dion";
+    case Algorithm::AdamW: return "adamw";
+    case Algorithm::Lion: return "lion";
+  }
+  return "?";
+}
+
+Algorithm parse_algorithm(const std::string& s) {
+  for (Algorithm a : {Algorithm::Muon, Algorithm::NorMuon, Algorithm::Dion3, Algorithm::Dion, Algorithm::AdamW,
+                      Algorithm::Lion})
+    if (s == to_string(a)) return a;
+  TORCH_CHECK(false, "argument 'algorithm': unknown algorithm '", s,
+              "' (known: muon, normuon, dion3, dion, adamw, lion)");
+}
+
+const char* to_string(LrAdjust a) {
+  switch (a) {
+    case LrAdjust::SpectralNorm: return "spectral_norm";
+    case LrAdjust::Jordan: return "jordan";
+    case LrAdjust::RmsNorm: return "rms_norm";
+    case LrAdjust::None: return "none";
+  }
+  return "?";
+}
+
+LrAdjust parse_lr_adjust(const std::string& s) {
+  if (s == "spectral_norm") return LrAdjust::SpectralNorm;
+  if (s == "jordan" || s == "original") return LrAdjust::Jordan;
+  if (s == "rms_norm" || s == "match_rms_adamw") return LrAdjust::RmsNorm;
+  if (s == "none") return LrAdjust::None;
+  TORCH_CHECK(false, "argument 'lr_adjust': unknown rule '", s,
+              "' (known: spectral_norm, jordan, rms_norm, none; torch's original, match_rms_adamw)");
+}
+
+const char* to_string(MomentumStyle m) { return m == MomentumStyle::Ema ? "ema" : "accumulate"; }
+
+MomentumStyle parse_momentum_style(const std::string& s) {
+  if (s == "accumulate") return MomentumStyle::Accumulate;
+  if (s == "ema") return MomentumStyle::Ema;
+  TORCH_CHECK(false, "argument 'momentum_style': unknown style '", s, "' (known: accumulate, ema)");
+}
+
+bool is_matrix_algorithm(Algorithm a) {
+  return a == Algorithm::Muon || a == Algorithm::NorMuon || a == Algorithm::Dion3 || a == Algorithm::Dion;
+}
+
+// ---------------------------------------------------------------- helpers
+
+namespace {
+
+bool is_low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+bool is_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Updates are computed in fp32 (fp64 for fp64 parameters).
+at::ScalarType work_dtype(const at::Tensor& p) { return p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+bool uses_master(const at::Tensor& p, const GroupOptions& o) {
+  return o.master_weights && is_low_precision(p.scalar_type());
+}
+
+// Momentum-like state: fp32 when master weights are kept, else the parameter's dtype.
+at::ScalarType state_dtype(const at::Tensor& p, const GroupOptions& o) {
+  return uses_master(p, o) ? at::kFloat : p.scalar_type();
+}
+
+// The shape the matrix optimizers see: the parameter itself ([m, n] or a batch [..., m, n]),
+// or with `flatten` a >=3-D weight as one [dim0, prod(rest)] matrix.
+std::vector<int64_t> matrix_sizes(const at::Tensor& p, const GroupOptions& o) {
+  if (o.ortho.flatten && p.dim() > 2) return {p.size(0), p.numel() / std::max<int64_t>(p.size(0), 1)};
+  return p.sizes().vec();
+}
+
+std::string param_label(const ParamGroup& g, size_t group, size_t index) {
+  std::ostringstream s;
+  if (index < g.names.size() && !g.names[index].empty())
+    s << "parameter '" << g.names[index] << "' (group " << group << ")";
+  else
+    s << "parameter " << index << " of group " << group;
+  return s.str();
+}
+
+struct StateSpec {
+  std::string name;
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+};
+
+// The state a parameter of this group holds, by name (algorithms.md §3–7).
+std::vector<StateSpec> state_specs(const at::Tensor& p, const GroupOptions& o) {
+  std::vector<StateSpec> specs;
+  const auto sd = state_dtype(p, o);
+  const auto msz = matrix_sizes(p, o);
+  auto rows_shape = [&] {
+    auto s = msz;
+    s.back() = 1;
+    return s;
+  };
+  switch (o.algorithm) {
+    case Algorithm::Muon: specs.push_back({"momentum", p.sizes().vec(), sd}); break;
+    case Algorithm::NorMuon:
+    case Algorithm::Dion3:
+      specs.push_back({"momentum", p.sizes().vec(), sd});
+      specs.push_back({"variance", rows_shape(), at::kFloat});
+      break;
+    case Algorithm::Dion: {
+      specs.push_back({"momentum", p.sizes().vec(), sd});
+      auto q = msz;
+      const int64_t m = q[q.size() - 2], n = q.back();
+      q[q.size() - 2] = n;
+      q.back() = optim_detail::dion_rank(o.rank_fraction, m, n);
+      specs.push_back({"Q", q, at::kFloat});
+      break;
+    }
+    case Algorithm::AdamW:
+      specs.push_back({"exp_avg", p.sizes().vec(), sd});
+      specs.push_back({"exp_avg_sq", p.sizes().vec(), sd});
+      specs.push_back({"step", {}, at::kFloat});
+      break;
+    case Algorithm::Lion: specs.push_back({"exp_avg", p.sizes().vec(), sd}); break;
+  }
+  if (uses_master(p, o)) specs.push_back({"master", p.sizes().vec(), at::kFloat});
+  return specs;
+}
+
+void validate_options(const GroupOptions& o, size_t group) {
+  auto where = [&](const char* opt) {
+    std::ostringstream s;
+    s << "group " << group << " (" << to_string(o.algorithm) << "): option '" << opt << "'";
+    return s.str();
+  };
+  TORCH_CHECK(std::isfinite(o.lr) && o.lr >= 0, where("lr"), " must be finite and >= 0, got ", o.lr);
+  TORCH_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, where("weight_decay"),
+              " must be finite and >= 0, got ", o.weight_decay);
+  if (is_matrix_algorithm(o.algorithm)) {
+    TORCH_CHECK(o.momentum >= 0 && o.momentum < 1, where("momentum"), " must be in [0, 1), got ", o.momentum);
+    TORCH_CHECK(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, where("normuon_beta2"), " must be in [0, 1), got ",
+                o.normuon_beta2);
+    TORCH_CHECK(std::isfinite(o.normuon_eps) && o.normuon_eps >= 0, where("normuon_eps"), " must be >= 0, got ",
+                o.normuon_eps);
+    TORCH_CHECK(o.fraction > 0 && o.fraction <= 1, where("fraction"), " must be in (0, 1], got ", o.fraction);
+    TORCH_CHECK(o.rank_fraction > 0 && o.rank_fraction <= 1, where("rank_fraction"), " must be in (0, 1], got ",
+                o.rank_fraction);
+    TORCH_CHECK(std::isfinite(o.eps) && o.eps >= 0, where("eps"), " must be >= 0, got ", o.eps);
+    if (o.algorithm == Algorithm::Dion3 || o.algorithm == Algorithm::Dion)
+      TORCH_CHECK(o.ortho.split_sizes.empty(), where("split_sizes"), " is not supported by ",
+                  to_string(o.algorithm), " (row selection / low rank act on the whole matrix)");
+    try {
+      (void)resolve_schedule(o.ortho);  // unknown schedule, bad overrides
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, where("ortho"), ": ", e.what_without_backtrace());
+    }
+  } else {
+    TORCH_CHECK(o.beta1 >= 0 && o.beta1 < 1, where("beta1"), " must be in [0, 1), got ", o.beta1);
+    TORCH_CHECK(o.beta2 >= 0 && o.beta2 < 1, where("beta2"), " must be in [0, 1), got ", o.beta2);
+    TORCH_CHECK(std::isfinite(o.eps) && o.eps >= 0, where("eps"), " must be finite and >= 0, got ", o.eps);
+  }
+}
+
+void validate_param(const at::Tensor& p, const GroupOptions& o, const std::string& label) {
+  TORCH_CHECK(p.defined(), label, ": undefined tensor");
+  TORCH_CHECK(is_float(p.scalar_type()), label, ": expected a floating-point tensor, got ", p.scalar_type());
+  TORCH_CHECK(!p.is_sparse(), label, ": sparse parameters are not supported");
+  if (!is_matrix_algorithm(o.algorithm)) return;
+  TORCH_CHECK(p.dim() >= 2, label, ": a ", p.dim(), "-D tensor (shape ", p.sizes(), ") cannot be in a '",
+              to_string(o.algorithm),
+              "' group (option 'algorithm' needs a matrix or a stack of matrices); route it to adamw or lion");
+  if (o.algorithm == Algorithm::Dion3 || o.algorithm == Algorithm::Dion) return;
+  OrthoOptions ortho = o.ortho;
+  ortho.nonfinite = NonFinitePolicy::Propagate;  // no data access at construction
+  ortho.flatten = false;
+  const auto msz = matrix_sizes(p, o);
+  try {
+    validate_ortho_args(at::empty(msz, at::TensorOptions().dtype(p.scalar_type()).device(at::kMeta)), ortho);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, label, ": option 'ortho': ", e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- implementation
+
+class OptimizerImpl {
+ public:
+  std::vector<ParamGroup> groups;
+  std::vector<std::vector<StateDict>> state;  // [group][param]
+  at::Tensor lr_scale, skip_factor, steps;    // 0-d on the device; steps counts taken steps
+  bool skip_active = false;                   // set_skip_factor was called at least once
+  at::Tensor keep;                            // skip_factor != 0, valid during step()
+
+  explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
+    c10::optional<c10::Device> device;
+    std::unordered_set<const void*> seen;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      auto& grp = groups[gi];
+      validate_options(grp.options, gi);
+      TORCH_CHECK(grp.names.empty() || grp.names.size() == grp.params.size(), "group ", gi, ": 'names' has ",
+                  grp.names.size(), " entries for ", grp.params.size(), " params");
+      for (size_t i = 0; i < grp.params.size(); ++i) {
+        const auto& p = grp.params[i];
+        const std::string label = param_label(grp, gi, i);
+        validate_param(p, grp.options, label);
+        TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, label,
+                    " is listed in more than one group (option 'params')");
+        if (!device) device = p.device();
+        TORCH_CHECK(p.device() == *device, label, " is on ", p.device(), " but earlier parameters are on ", *device,
+                    "; one optimizer handles one device");
+      }
+      state.emplace_back(grp.params.size());
+    }
+    auto opts = at::TensorOptions().dtype(at::kFloat).device(device.value_or(at::Device(at::kCPU)));
+    lr_scale = at::ones({}, opts);
+    skip_factor = at::ones({}, opts);
+    steps = at::zeros({}, opts.dtype(at::kLong));
+  }
+
+  // Writes `value` into `dst` unless this step is skipped (then dst stays bit-identical).
+  void commit(at::Tensor& dst, const at::Tensor& value) {
+    if (skip_active)
+      dst.copy_(at::where(keep, value, dst));
+    else
+      dst.copy_(value);
+  }
+
+  StateDict& state_of(size_t g, size_t i) {
+    StateDict& st = state[g][i];
+    if (!st.empty()) return st;
+    const auto& p = groups[g].params[i];
+    const auto& o = groups[g].options;
+    for (const auto& spec : state_specs(p, o)) {
+      auto opts = p.options().dtype(spec.dtype);
+      if (spec.name == "master") {
+        st[spec.name] = p.detach().to(at::kFloat).clone();
+      } else if (spec.name == "Q") {
+        // Dion's right factor starts random; seeded per (group, param) so runs repeat.
+        auto gen = at::detail::createCPUGenerator(0x6f72746f + 1000003ULL * g + i);
+        st[spec.name] = at::randn(spec.sizes, gen, at::TensorOptions().dtype(at::kFloat)).to(p.device());
+      } else {
+        st[spec.name] = at::zeros(spec.sizes, opts);
+      }
+    }
+    return st;
+  }
+
+  // Indices of the group's params that have a gradient (validated).
+  std::vector<size_t> active(size_t g) {
+    std::vector<size_t> out;
+    const auto& grp = groups[g];
+    for (size_t i = 0; i < grp.params.size(); ++i) {
+      const auto& p = grp.params[i];
+      const auto& grad = p.grad();
+      if (!grad.defined()) continue;
+      TORCH_CHECK(!grad.is_sparse(), param_label(grp, g, i), ": sparse gradients are not supported");
+      TORCH_CHECK(grad.sizes() == p.sizes(), param_label(grp, g, i), ": gradient shape ", grad.sizes(),
+                  " does not match the parameter shape ", p.sizes());
+      out.push_back(i);
+    }
+    return out;
+  }
+
+  at::Tensor weights(size_t g, size_t i) {
+    const auto& p = groups[g].params[i];
+    if (uses_master(p, groups[g].options)) return state_of(g, i).at("master");
+    return p.detach().to(work_dtype(p));
+  }
+
+  void write_weights(size_t g, size_t i, const at::Tensor& W_new) {
+    at::Tensor p = groups[g].params[i].detach();
+    if (uses_master(groups[g].params[i], groups[g].options)) {
+      at::Tensor& master = state_of(g, i).at("master");
+      commit(master, W_new);
+      p.copy_(master);
+    } else {
+      commit(p, W_new);
+    }
+  }
+
+  at::Tensor grad_of(size_t g, size_t i) {
+    const auto& p = groups[g].params[i];
+    return p.grad().detach().to(work_dtype(p));
+  }
+
+  // Orthogonalizes matrices (each [..., m, n]); same-shaped ones in one batched call.
+  static std::vector<at::Tensor> orthogonalize_all(const std::vector<at::Tensor>& mats, const OrthoOptions& opt) {
+    OrthoOptions o = opt;
+    o.flatten = false;  // flattening already happened (matrix_sizes)
+    o.nonfinite = NonFinitePolicy::Propagate;
+    std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;
+    for (size_t j = 0; j < mats.size(); ++j) by_shape[mats[j].sizes().vec()].push_back(j);
+    std::vector<at::Tensor> out(mats.size());
+    for (const auto& [shape, idx] : by_shape) {
+      if (idx.size() == 1) {
+        out[idx[0]] = orthogonalize(mats[idx[0]], o);
+        continue;
+      }
+      std::vector<at::Tensor> batch;
+      for (size_t j : idx) batch.push_back(mats[j]);
+      auto res = orthogonalize(at::stack(batch, 0), o);
+      for (size_t k = 0; k < idx.size(); ++k) out[idx[k]] = res[static_cast<int64_t>(k)];
+    }
+    return out;
+  }
+
+  // U (matrix view) scaled for the lr rule. Without split_sizes returns U and the factor;
+  // with split_sizes each row block carries its own block's factor and the factor is 1.
+  static std::pair<at::Tensor, double> adjust_rows(const at::Tensor& U, const GroupOptions& o) {
+    const int64_t rows = U.size(-2), cols = U.size(-1);
+    if (o.ortho.split_sizes.empty()) return {U, lr_adjust_factor(o.lr_adjust, rows, cols)};
+    std::vector<at::Tensor> blocks;
+    int64_t offset = 0;
+    for (int64_t s : o.ortho.split_sizes) {
+      blocks.push_back(U.narrow(-2, offset, s) * lr_adjust_factor(o.lr_adjust, s, cols));
+      offset += s;
+    }
+    return {at::cat(blocks, -2), 1.0};
+  }
+
+  // ---- Muon / NorMuon (§3, §4)
+  void step_muon(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    const auto idx = active(g);
+    std::vector<at::Tensor> inputs;
+    for (size_t i : idx) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      auto [M_new, U_in] = optim_detail::muon_momentum(st.at("momentum").to(work_dtype(p)), grad_of(g, i),
+                                                       o.momentum, o.momentum_style, o.nesterov);
+      commit(st.at("momentum"), M_new);
+      inputs.push_back(U_in.reshape(matrix_sizes(p, o)));
+    }
+    const auto outs = orthogonalize_all(inputs, o.ortho);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      const auto& p = groups[g].params[i];
+      at::Tensor U = outs[j];
+      if (o.algorithm == Algorithm::NorMuon) {
+        auto& V = state_of(g, i).at("variance");
+        auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V, o.normuon_beta2, o.normuon_eps);
+        commit(V, V_new);
+        U = U_hat;
+      }
+      auto [D, factor] = adjust_rows(U, o);
+      auto W_new = optim_detail::decoupled_update(weights(g, i), D.reshape(p.sizes()), lr, lr * factor,
+                                                  o.weight_decay, o.cautious_weight_decay);
+      write_weights(g, i, W_new);
+    }
+  }
+
+  // ---- Dion3 (§5)
+  void step_dion3(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    const auto idx = active(g);
+    std::vector<at::Tensor> inputs, rows;
+    for (size_t i : idx) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      const auto msz = matrix_sizes(p, o);
+      at::Tensor M = (st.at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(msz);
+      auto sel = optim_detail::dion3_select(M, o.fraction, o.momentum);
+      commit(st.at("momentum"), sel.momentum.reshape(p.sizes()));
+      inputs.push_back(sel.selected);
+      rows.push_back(sel.rows);
+    }
+    const auto outs = orthogonalize_all(inputs, o.ortho);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      const auto& p = groups[g].params[i];
+      const auto msz = matrix_sizes(p, o);
+      auto& V = state_of(g, i).at("variance");
+      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(
+          outs[j], optim_detail::gather_rows(V, rows[j]), o.normuon_beta2, o.normuon_eps);
+      commit(V, optim_detail::scatter_rows(V, rows[j], V_sel_new));
+      at::Tensor W = weights(g, i);
+      at::Tensor D = optim_detail::scatter_rows(at::zeros(msz, W.options()), rows[j], U_hat.to(W.scalar_type()));
+      double factor = lr_adjust_factor(o.lr_adjust, msz[msz.size() - 2], msz.back());  // full matrix shape
+      if (o.scale_lr_by_fraction) factor /= std::sqrt(o.fraction);
+      write_weights(g, i,
+                    optim_detail::decoupled_update(W, D.reshape(p.sizes()), lr, lr * factor, o.weight_decay,
+                                                   o.cautious_weight_decay));
+    }
+  }
+
+  // ---- Dion (§6)
+  void step_dion(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    for (size_t i : active(g)) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      const auto msz = matrix_sizes(p, o);
+      at::Tensor M = (st.at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(msz);
+      auto r = optim_detail::dion_step(M, st.at("Q"), o.momentum, o.eps);
+      commit(st.at("momentum"), r.momentum.reshape(p.sizes()));
+      commit(st.at("Q"), r.Q);
+      at::Tensor W = weights(g, i);
+      const double factor = lr_adjust_factor(o.lr_adjust, msz[msz.size() - 2], msz.back());
+      write_weights(g, i,
+                    optim_detail::decoupled_update(W, r.direction.to(W.scalar_type()).reshape(p.sizes()), lr,
+                                                   lr * factor, o.weight_decay, o.cautious_weight_decay));
+    }
+  }
+
+  // ---- AdamW (§7)
+  void step_adamw(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    for (size_t i : active(g)) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      at::Tensor step_new = st.at("step") + 1;
+      auto r = optim_detail::adamw_direction(st.at("exp_avg").to(work_dtype(p)), st.at("exp_avg_sq").to(work_dtype(p)),
+                                             grad_of(g, i), step_new, o.beta1, o.beta2, o.eps);
+      commit(st.at("exp_avg"), r.exp_avg);
+      commit(st.at("exp_avg_sq"), r.exp_avg_sq);
+      commit(st.at("step"), step_new);
+      write_weights(g, i,
+                    optim_detail::decoupled_update(weights(g, i), r.direction, lr, lr, o.weight_decay,
+                                                   o.cautious_weight_decay));
+    }
+  }
+
+  // ---- Lion
+  void step_lion(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    for (size_t i : active(g)) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      auto [m_new, D] = optim_detail::lion_direction(st.at("exp_avg").to(work_dtype(p)), grad_of(g, i), o.beta1, o.beta2);
+      commit(st.at("exp_avg"), m_new);
+      write_weights(g, i,
+                    optim_detail::decoupled_update(weights(g, i), D, lr, lr, o.weight_decay, o.cautious_weight_decay));
+    }
+  }
+
+  void step() {
+    at::NoGradGuard no_grad;
+    if (skip_active) keep = skip_factor != 0;
+    // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
+    const at::Tensor scale = lr_scale.to(at::kDouble);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const at::Tensor lr = scale * groups[g].options.lr;
+      switch (groups[g].options.algorithm) {
+        case Algorithm::Muon:
+        case Algorithm::NorMuon: step_muon(g, lr); break;
+        case Algorithm::Dion3: step_dion3(g, lr); break;
+        case Algorithm::Dion: step_dion(g, lr); break;
+        case Algorithm::AdamW: step_adamw(g, lr); break;
+        case Algorithm::Lion: step_lion(g, lr); break;
+      }
+    }
+    if (skip_active)
+      steps.add_(keep.to(at::kLong));
+    else
+      steps.add_(1);
+  }
+
+  // Checks `states` against the groups (names and shapes) and returns them ready to install
+  // (cast and moved like the live state). Throws before anything is changed.
+  std::vector<std::vector<StateDict>> prepare_states(const std::vector<std::vector<StateDict>>& states) const {
+    TORCH_CHECK(states.size() == groups.size(), "optimizer state: has ", states.size(),
+                " groups but this optimizer has ", groups.size());
+    std::vector<std::vector<StateDict>> out(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& grp = groups[g];
+      TORCH_CHECK(states[g].size() == grp.params.size(), "optimizer state: group ", g, " has ", states[g].size(),
+                  " params but this optimizer's group has ", grp.params.size());
+      out[g].resize(grp.params.size());
+      for (size_t i = 0; i < grp.params.size(); ++i) {
+        const auto& given = states[g][i];
+        if (given.empty()) continue;
+        const auto& p = grp.params[i];
+        const std::string label = param_label(grp, g, i);
+        const auto specs = state_specs(p, grp.options);
+        std::ostringstream expected;
+        for (const auto& s : specs) expected << s.name << " ";
+        TORCH_CHECK(given.size() == specs.size(), label, ": the state holds ", given.size(),
+                    " tensors but algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str());
+        for (const auto& spec : specs) {
+          auto it = given.find(spec.name);
+          TORCH_CHECK(it != given.end() && it->second.defined(), label, ": state '", spec.name,
+                      "' is missing (algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str(), ")");
+          TORCH_CHECK(it->second.sizes() == at::IntArrayRef(spec.sizes), label, ": state '", spec.name,
+                      "' has shape ", it->second.sizes(), " but this optimizer expects ", at::IntArrayRef(spec.sizes));
+          TORCH_CHECK(is_float(it->second.scalar_type()), label, ": state '", spec.name, "' has dtype ",
+                      it->second.scalar_type());
+          out[g][i][spec.name] = it->second.detach().to(p.device(), spec.dtype, /*non_blocking=*/false, /*copy=*/true);
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------- public surface
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : impl_(std::make_unique<OptimizerImpl>(std::move(groups))) {}
+Optimizer::~Optimizer() = default;
+Optimizer::Optimizer(Optimizer&&) noexcept = default;
+Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
+
+void Optimizer::step() { impl_->step(); }
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& g : impl_->groups)
+    for (auto& p : g.params) {
+      if (!p.grad().defined()) continue;
+      if (set_to_none) {
+        p.mutable_grad() = at::Tensor();
+      } else {
+        p.mutable_grad().detach_();
+        p.mutable_grad().zero_();
+      }
+    }
+}
+
+const std::vector<ParamGroup>& Optimizer::param_groups() const { return impl_->groups; }
+
+void Optimizer::set_group_options(size_t group, const GroupOptions& options) {
+  TORCH_CHECK(group < impl_->groups.size(), "argument 'group': index ", group, " out of range (",
+              impl_->groups.size(), " groups)");
+  auto& grp = impl_->groups[group];
+  validate_options(options, group);
+  TORCH_CHECK(options.algorithm == grp.options.algorithm, "group ", group, ": option 'algorithm' cannot change from '",
+              to_string(grp.options.algorithm), "' to '", to_string(options.algorithm), "' (state would not match)");
+  for (size_t i = 0; i < grp.params.size(); ++i) {
+    const std::string label = param_label(grp, group, i);
+    validate_param(grp.params[i], options, label);
+    const auto& st = impl_->state[group][i];
+    if (st.empty()) continue;
+    for (const auto& spec : state_specs(grp.params[i], options)) {
+      auto it = st.find(spec.name);
+      TORCH_CHECK(it != st.end() && it->second.sizes() == at::IntArrayRef(spec.sizes), label,
+                  ": the new options change the shape or set of state '", spec.name,
+                  "' (e.g. flatten, rank_fraction, master_weights); not allowed after the first step");
+    }
+  }
+  grp.options = options;
+}
+
+void Optimizer::set_lr_scale(double factor) {
+  TORCH_CHECK(std::isfinite(factor) && factor >= 0, "argument 'factor': lr scale must be finite and >= 0, got ", factor);
+  impl_->lr_scale.fill_(factor);
+}
+
+void Optimizer::set_skip_factor(const at::Tensor& factor) {
+  TORCH_CHECK(factor.defined() && factor.numel() == 1, "argument 'factor': expected a one-element tensor");
+  impl_->skip_factor.copy_(factor.reshape({}));
+  impl_->skip_active = true;
+}
+
+const at::Tensor& Optimizer::lr_scale() const { return impl_->lr_scale; }
+const at::Tensor& Optimizer::skip_factor() const { return impl_->skip_factor; }
+int64_t Optimizer::step_count() const { return impl_->steps.item<int64_t>(); }
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& g : impl_->state)
+    for (const auto& st : g)
+      for (const auto& [name, t] : st) bytes += static_cast<int64_t>(t.numel() * t.element_size());
+  return bytes;
+}
+
+const StateDict& Optimizer::param_state(size_t group, size_t index) const {
+  TORCH_CHECK(group < impl_->state.size() && index < impl_->state[group].size(), "argument 'group'/'index': (",
+              group, ", ", index, ") out of range");
+  return impl_->state[group][index];
+}
+
+void Optimizer::load_param_states(const std::vector<std::vector<StateDict>>& states) {
+  auto prepared = impl_->prepare_states(states);
+  at::NoGradGuard no_grad;
+  for (size_t g = 0; g < prepared.size(); ++g)
+    for (size_t i = 0; i < prepared[g].size(); ++i) {
+      impl_->state[g][i] = std::move(prepared[g][i]);
+      // Master weights are the truth for the parameter.
+      auto it = impl_->state[g][i].find("master");
+      if (it != impl_->state[g][i].end()) impl_->groups[g].params[i].detach().copy_(it->second);
+    }
+}
+
+// ---------------------------------------------------------------- serialization
+
+namespace {
+constexpr const char* kFormat = "orthopt.optim.v1";
+
+std::string key(size_t g, const std::string& rest) { return "g" + std::to_string(g) + "_" + rest; }
+std::string key(size_t g, size_t i, const std::string& rest) {
+  return "g" + std::to_string(g) + "_p" + std::to_string(i) + "_" + rest;
+}
+}  // namespace
+
+void Optimizer::save(torch::serialize::OutputArchive& archive) const {
+  const auto& impl = *impl_;
+  archive.write("format", c10::IValue(std::string(kFormat)));
+  archive.write("num_groups", c10::IValue(static_cast<int64_t>(impl.groups.size())));
+  archive.write("steps", impl.steps.cpu(), /*is_buffer=*/true);
+  archive.write("lr_scale", impl.lr_scale.cpu(), true);
+  archive.write("skip_factor", impl.skip_factor.cpu(), true);
+  for (size_t g = 0; g < impl.groups.size(); ++g) {
+    const auto& grp = impl.groups[g];
+    archive.write(key(g, "algorithm"), c10::IValue(std::string(to_string(grp.options.algorithm))));
+    archive.write(key(g, "num_params"), c10::IValue(static_cast<int64_t>(grp.params.size())));
+    for (size_t i = 0; i < grp.params.size(); ++i) {
+      archive.write(key(g, i, "shape"), c10::IValue(grp.params[i].sizes().vec()));
+      std::string names;
+      for (const auto& [name, t] : impl.state[g][i]) {
+        names += (names.empty() ? "" : ",") + name;
+        archive.write(key(g, i, "s_" + name), t.detach().cpu(), true);
+      }
+      archive.write(key(g, i, "state_names"), c10::IValue(names));
+    }
+  }
+}
+
+void Optimizer::load(torch::serialize::InputArchive& archive) {
+  auto& impl = *impl_;
+  c10::IValue v;
+  TORCH_CHECK(archive.try_read("format", v) && v.isString() && v.toStringRef() == kFormat,
+              "optimizer checkpoint: not an orthopt optimizer state (missing or wrong 'format', expected ", kFormat, ")");
+  archive.read("num_groups", v);
+  TORCH_CHECK(v.toInt() == static_cast<int64_t>(impl.groups.size()), "optimizer checkpoint: has ", v.toInt(),
+              " param groups but this optimizer has ", impl.groups.size());
+  std::vector<std::vector<StateDict>> states(impl.groups.size());
+  for (size_t g = 0; g < impl.groups.size(); ++g) {
+    const auto& grp = impl.groups[g];
+    archive.read(key(g, "algorithm"), v);
+    TORCH_CHECK(v.toStringRef() == to_string(grp.options.algorithm), "optimizer checkpoint: group ", g,
+                " was saved by algorithm '", v.toStringRef(), "' but this optimizer's group uses '",
+                to_string(grp.options.algorithm), "'");
+    archive.read(key(g, "num_params"), v);
+    TORCH_CHECK(v.toInt() == static_cast<int64_t>(grp.params.size()), "optimizer checkpoint: group ", g, " has ",
+                v.toInt(), " params but this optimizer's group has ", grp.params.size());
+    states[g].resize(grp.params.size());
+    for (size_t i = 0; i < grp.params.size(); ++i) {
+      archive.read(key(g, i, "shape"), v);
+      const auto shape = v.toIntVector();
+      TORCH_CHECK(at::IntArrayRef(shape) == grp.params[i].sizes(), "optimizer checkpoint: ",
+                  param_label(grp, g, i), " was saved with shape ", at::IntArrayRef(shape), " but has shape ",
+                  grp.params[i].sizes());
+      archive.read(key(g, i, "state_names"), v);
+      std::stringstream names(v.toStringRef());
+      for (std::string name; std::getline(names, name, ',');) {
+        at::Tensor t;
+        archive.read(key(g, i, "s_" + name), t, true);
+        states[g][i][name] = t;
+      }
+    }
+  }
+  at::Tensor steps, lr_scale, skip;
+  archive.read("steps", steps, true);
+  archive.read("lr_scale", lr_scale, true);
+  archive.read("skip_factor", skip, true);
+  TORCH_CHECK(steps.numel() == 1 && lr_scale.numel() == 1 && skip.numel() == 1,
+              "optimizer checkpoint: malformed steps/lr_scale/skip_factor");
+  load_param_states(states);  // validates everything before changing anything
+  impl.steps.copy_(steps.reshape({}));
+  impl.lr_scale.copy_(lr_scale.reshape({}));
+  impl.skip_factor.copy_(skip.reshape({}));
+  if (skip.item<float>() != 1.0f) impl.skip_active = true;
+}
+
+}  // namespace orthopt

@@ -1,0 +1,122 @@
+#include "optim/update_math.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace orthopt::optim_detail {
+
+double lr_adjust_factor(LrAdjust rule, int64_t fan_out, int64_t fan_in) {
+  const double out = static_cast<double>(fan_out), in = static_cast<double>(fan_in);
+  switch (rule) {
+    case LrAdjust::SpectralNorm: return std::sqrt(out / in);
+    case LrAdjust::Jordan: return std::sqrt(std::max(1.0, out / in));
+    case LrAdjust::RmsNorm: return 0.2 * std::sqrt(std::max(out, in));
+    case LrAdjust::None: return 1.0;
+  }
+  return 1.0;
+}
+
+std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::Tensor& G, double mu,
+                                                MomentumStyle style, bool nesterov) {
+  // accumulate: M = μM + G,        Nesterov input G + μM
+  // ema:        M = μM + (1−μ)G,   Nesterov input (1−μ)G + μM
+  const double g_weight = style == MomentumStyle::Ema ? 1.0 - mu : 1.0;
+  at::Tensor M_new = M * mu + G * g_weight;
+  at::Tensor input = nesterov ? G * g_weight + M_new * mu : M_new;
+  return {M_new, input};
+}
+
+std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
+                                                    double eps) {
+  // fp32 at least (the variance is fp32); fp64 stays fp64.
+  const at::Tensor U32 = U.scalar_type() == at::kDouble ? U : U.to(at::kFloat);
+  at::Tensor row_mean_sq = (U32 * U32).mean(-1, /*keepdim=*/true);
+  at::Tensor V_new = V * beta2 + row_mean_sq * (1.0 - beta2);
+  at::Tensor U_hat = U32 / (V_new.sqrt() + eps);
+  // Keep the Frobenius norm of U (per matrix): the normalization only redistributes it.
+  at::Tensor norm_U = at::linalg_vector_norm(U32, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
+  at::Tensor norm_hat = at::linalg_vector_norm(U_hat, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
+  U_hat = U_hat * (norm_U / norm_hat.clamp_min(1e-8));
+  return {U_hat.to(U.scalar_type()), V_new};
+}
+
+at::Tensor decoupled_update(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, const at::Tensor& lr_step,
+                            double weight_decay, bool cautious) {
+  at::Tensor decayed;
+  if (weight_decay == 0.0) {
+    decayed = W;
+  } else if (cautious) {
+    // Decay only where W and the update direction agree in sign (W·D >= 0).
+    at::Tensor mask = (W * D >= 0).to(W.scalar_type());
+    decayed = W - W * mask * (lr * weight_decay);
+  } else {
+    decayed = W * (1.0 - lr * weight_decay);
+  }
+  return decayed - D * lr_step;
+}
+
+AdamWResult adamw_direction(const at::Tensor& m, const at::Tensor& v, const at::Tensor& G, const at::Tensor& step,
+                            double beta1, double beta2, double eps) {
+  AdamWResult r;
+  r.exp_avg = m * beta1 + G * (1.0 - beta1);
+  r.exp_avg_sq = v * beta2 + G * G * (1.0 - beta2);
+  at::Tensor bc1 = 1.0 - at::pow(beta1, step);
+  at::Tensor bc2 = 1.0 - at::pow(beta2, step);
+  r.direction = (r.exp_avg / bc1) / (r.exp_avg_sq.sqrt() / bc2.sqrt() + eps);
+  return r;
+}
+
+std::pair<at::Tensor, at::Tensor> lion_direction(const at::Tensor& m, const at::Tensor& G, double beta1,
+                                                 double beta2) {
+  at::Tensor D = (m * beta1 + G * (1.0 - beta1)).sign();
+  at::Tensor m_new = m * beta2 + G * (1.0 - beta2);
+  return {m_new, D};
+}
+
+int64_t dion3_rank(double fraction, int64_t rows) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows))));
+}
+
+at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows) {
+  auto sizes = rows.sizes().vec();
+  sizes.push_back(X.size(-1));
+  return X.gather(-2, rows.unsqueeze(-1).expand(sizes));
+}
+
+at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
+  auto sizes = rows.sizes().vec();
+  sizes.push_back(X.size(-1));
+  return X.scatter(-2, rows.unsqueeze(-1).expand(sizes), values);
+}
+
+Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu) {
+  Dion3Selection s;
+  const int64_t k = dion3_rank(fraction, M.size(-2));
+  at::Tensor scores = M.abs().sum(-1);  // row L1 norms [..., rows]
+  s.rows = std::get<1>(at::topk(scores, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true));
+  s.selected = gather_rows(M, s.rows);
+  // Error feedback on exactly the selected rows; the others keep accumulating.
+  s.momentum = scatter_rows(M, s.rows, s.selected * mu);
+  return s;
+}
+
+int64_t dion_rank(double rank_fraction, int64_t rows, int64_t cols) {
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(rank_fraction * static_cast<double>(std::min(rows, cols)))));
+}
+
+DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double eps) {
+  DionResult r;
+  const at::Tensor M32 = M.to(at::kFloat);
+  at::Tensor P = at::matmul(M32, Q);                          // [..., m, r]
+  P = std::get<0>(at::linalg_qr(P, "reduced"));               // orthonormal columns (fp32 QR)
+  at::Tensor R = at::matmul(M32.transpose(-2, -1), P);        // [..., n, r]
+  r.momentum = (M32 - at::matmul(P, R.transpose(-2, -1)) * (1.0 - mu)).to(M.scalar_type());
+  r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
+  r.direction = at::matmul(P, r.Q.transpose(-2, -1));
+  return r;
+}
+
+}  // namespace orthopt::optim_detail

@@ -1,0 +1,67 @@
+#pragma once
+// The per-algorithm update math (algorithms.md §2–7) as small pure functions on ATen tensors.
+// Each returns NEW tensors and never writes its inputs: the optimizer decides whether to
+// commit them (the skip factor), which keeps "skip => bit-identical" in one place.
+// This is the plain reference path; a fused GPU kernel may replace one function at a time.
+//
+// Hyperparameters that change over time arrive as 0-d device tensors (lr, step) so the
+// step needs no host synchronization; constant options are host doubles.
+
+#include <ATen/ATen.h>
+
+#include <utility>
+#include <vector>
+
+#include "orthopt/optim.h"
+
+namespace orthopt::optim_detail {
+
+// §2: the factor on lr for a fan_out × fan_in matrix update.
+double lr_adjust_factor(LrAdjust rule, int64_t fan_out, int64_t fan_in);
+
+// §3 momentum. Returns {new momentum, orthogonalization input}.
+std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::Tensor& G, double mu,
+                                                MomentumStyle style, bool nesterov);
+
+// §4 NorMuon normalization of U [..., rows, cols] with row variance V [..., rows, 1] (fp32).
+// Returns {Û, new V}.
+std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
+                                                    double eps);
+
+// Decoupled weight decay and the step: W·(1 − lr·wd) − lr_step·D, where with `cautious` the
+// decay applies only where W·D >= 0 (the update also pushes W towards zero).
+// lr and lr_step are 0-d tensors (lr_step already holds the lr adjustment).
+at::Tensor decoupled_update(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, const at::Tensor& lr_step,
+                            double weight_decay, bool cautious);
+
+// §7 AdamW moments and direction D (W ← ... − lr·D). step is the 0-d step count AFTER this step.
+struct AdamWResult {
+  at::Tensor exp_avg, exp_avg_sq, direction;
+};
+AdamWResult adamw_direction(const at::Tensor& m, const at::Tensor& v, const at::Tensor& G, const at::Tensor& step,
+                            double beta1, double beta2, double eps);
+
+// Lion: D = sign(β1·m + (1−β1)·G); m ← β2·m + (1−β2)·G. Returns {new m, D}.
+std::pair<at::Tensor, at::Tensor> lion_direction(const at::Tensor& m, const at::Tensor& G, double beta1,
+                                                 double beta2);
+
+// §5 Dion3 row selection on the accumulated momentum M [..., rows, cols].
+struct Dion3Selection {
+  at::Tensor rows;          // [..., k] selected row indices (int64)
+  at::Tensor selected;      // [..., k, cols] copy of M[S] before error feedback (orthogonalization input)
+  at::Tensor momentum;      // M with M[S] ← μ·M[S]
+};
+int64_t dion3_rank(double fraction, int64_t rows);  // k = max(1, ceil(f·rows))
+Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu);
+// Gathers/scatters rows along dim -2 by indices [..., k].
+at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows);
+at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values);
+
+// §6 Dion low-rank step on M [..., m, n] (accumulated, fp32) and Q [..., n, r].
+struct DionResult {
+  at::Tensor momentum, Q, direction;  // direction = P·Qᵀ, [..., m, n]
+};
+int64_t dion_rank(double rank_fraction, int64_t rows, int64_t cols);  // ceil(f·min(m, n)), >= 1
+DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double eps);
+
+}  // namespace orthopt::optim_detail
