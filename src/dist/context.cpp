@@ -162,6 +162,11 @@ void DistContext::check_same_on_all_ranks(const std::string& what, const std::st
   guarded("consistency check", rank_, world_size_, [&] {
     impl_->group->store_set(prefix + std::to_string(rank_), value);
     for (int r = 0; r < world_size_; ++r) values[r] = impl_->group->store_get(prefix + std::to_string(r));
+    // Rank 0 hosts the store: it waits until everyone has read, so a rank that throws below
+    // cannot take the store away from the others' reads.
+    impl_->group->store_set(prefix + "read/" + std::to_string(rank_), "1");
+    if (rank_ == 0)
+      for (int r = 0; r < world_size_; ++r) impl_->group->store_get(prefix + "read/" + std::to_string(r));
   });
   int first = -1;
   std::string differ;

@@ -90,11 +90,15 @@ struct Segment {  // one bank or one scalar vector
   bool is_bank;
   int64_t rows = 0, cols = 0;  // banks
   int64_t units = 0;           // matrices (banks) or elements (scalars), before padding
-  int64_t per_rank = 0;        // units per rank after padding
+  int64_t per_rank = 0;        // units per rank after padding (block size P)
   int64_t chunk_offset = 0;    // offset of this segment inside every rank's chunk
+  int world = 1;
+  int shift = 0;               // block j is owned by rank (j + shift) % N: spreads remainders
   int64_t unit_numel() const { return is_bank ? rows * cols : 1; }
-  int64_t owned_begin(int r) const { return std::min(units, r * per_rank); }
-  int64_t owned_end(int r) const { return std::min(units, (r + 1) * per_rank); }
+  int64_t block_of(int r) const { return (r - shift + world) % world; }
+  int owner_of_block(int64_t j) const { return static_cast<int>((j + shift) % world); }
+  int64_t owned_begin(int r) const { return std::min(units, block_of(r) * per_rank); }
+  int64_t owned_end(int r) const { return std::min(units, (block_of(r) + 1) * per_rank); }
 };
 
 struct DistributedOptimizer::Layout {
@@ -127,9 +131,10 @@ void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t 
   const int64_t un = seg.unit_numel();
   int64_t u = unit_begin;
   while (u < unit_begin + n) {
-    const int owner = static_cast<int>(u / seg.per_rank);
-    const int64_t end = std::min(unit_begin + n, static_cast<int64_t>(owner + 1) * seg.per_rank);
-    const int64_t local = u - owner * seg.per_rank;
+    const int64_t block = u / seg.per_rank;
+    const int owner = seg.owner_of_block(block);
+    const int64_t end = std::min(unit_begin + n, (block + 1) * seg.per_rank);
+    const int64_t local = u - block * seg.per_rank;
     runs.push_back(Run{group, param, (u - unit_begin) * un,
                        owner * chunk + seg.chunk_offset + local * un, (end - u) * un, owner});
     u = end;
@@ -206,8 +211,34 @@ DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::
       }
     }
   }
+  // Blocks of a segment hold P, ..., P, remainder, 0, ... real units; rotating which rank
+  // gets block 0 (greedily, the rotation that keeps the most loaded rank lightest) spreads the
+  // remainders so no rank collects every bank's extra matrices. Load = elements owned, which
+  // is what optimizer state and update traffic scale with.
+  std::vector<int64_t> load(N, 0);
   for (auto& seg : L.segments) {
+    seg.world = N;
     seg.per_rank = ceil_div(seg.units, N);
+    int best_shift = 0;
+    int64_t best_max = -1;
+    double best_sq = 0;
+    for (int shift = 0; shift < N; ++shift) {
+      seg.shift = shift;
+      int64_t mx = 0;
+      double sq = 0;  // tie-break: the more even spread
+      for (int r = 0; r < N; ++r) {
+        const int64_t l = load[r] + (seg.owned_end(r) - seg.owned_begin(r)) * seg.unit_numel();
+        mx = std::max(mx, l);
+        sq += static_cast<double>(l) * static_cast<double>(l);
+      }
+      if (best_max < 0 || mx < best_max || (mx == best_max && sq < best_sq)) {
+        best_max = mx;
+        best_sq = sq;
+        best_shift = shift;
+      }
+    }
+    seg.shift = best_shift;
+    for (int r = 0; r < N; ++r) load[r] += (seg.owned_end(r) - seg.owned_begin(r)) * seg.unit_numel();
     seg.chunk_offset = L.chunk;
     L.chunk += seg.per_rank * seg.unit_numel();
   }
