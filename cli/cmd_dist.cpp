@@ -79,7 +79,7 @@ int run_dist_step(const StepArgs& a) {
   std::vector<std::pair<std::string, at::Tensor>> named;
   at::manual_seed(1234);
   for (const auto& [n, shape] : parameter_set(a.set))
-    named.push_back({n, at::randn(shape, at::TensorOptions().device(device)).mul_(0.02)});
+    named.push_back({n, at::randn(shape, at::TensorOptions().device(device)).mul_(0.02).requires_grad_(true)});
   RoutingOptions routing;
   routing.matrix.algorithm = parse_algorithm(a.algorithm);
   routing.matrix.fraction = a.fraction;
@@ -130,6 +130,52 @@ int run_dist_step(const StepArgs& a) {
   return 0;
 }
 
+struct PlanArgs {
+  std::string set = "llama1b";
+  std::string algorithm = "muon";
+  double fraction = 0.25;
+  std::vector<int> worlds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  int bytes_per_element = 4;  // fp32 gradients and parameters on the wire
+  double tflops = 0;          // optional: sustained NS rate for a time estimate
+  double gbps = 0;            // optional: per-rank bus bandwidth (GB/s) for a time estimate
+};
+
+// Layout, bytes and Newton–Schulz FLOPs per rank for each world size (no communication).
+int run_dist_plan(const PlanArgs& a) {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& [n, shape] : parameter_set(a.set))
+    named.push_back({n, at::empty(shape, at::TensorOptions().device(c10::kMeta)).requires_grad_(true)});
+  RoutingOptions routing;
+  routing.matrix.algorithm = parse_algorithm(a.algorithm);
+  routing.matrix.fraction = a.fraction;
+  routing.matrix.ortho.compute_dtype = at::kBFloat16;  // GPU setting (changes no count here)
+  auto groups = route_params(named, routing);
+  std::cout << fmt::format("set {} ({} matrix groups), algorithm {}{}, {} bytes/element on the wire\n", a.set,
+                           groups.size(), a.algorithm,
+                           a.algorithm == "dion3" ? fmt::format(" f={}", a.fraction) : std::string(),
+                           a.bytes_per_element);
+  std::cout << "   N | padding | RS+AG payload MB | wire MB/rank (ring) | NS GFLOP max rank | NS imbalance"
+            << (a.tflops > 0 ? " | NS ms" : "") << (a.gbps > 0 ? " | comm ms" : "") << "\n";
+  for (int N : a.worlds) {
+    auto plan = dist::plan_layout(groups, N);
+    const double payload = static_cast<double>(N) * plan.chunk_elements * a.bytes_per_element;
+    const double wire = 2.0 * (N - 1) / N * payload;  // reduce-scatter + all-gather
+    double mx = 0, sum = 0;
+    for (double f : plan.ns_flops) {
+      mx = std::max(mx, f);
+      sum += f;
+    }
+    std::cout << fmt::format("{:>4} | {:>6.2f}% | {:>16.1f} | {:>19.1f} | {:>17.2f} | {:>12.2f}", N,
+                             100.0 * (static_cast<double>(N) * plan.chunk_elements - plan.real_elements) /
+                                 plan.real_elements,
+                             2 * payload / 1e6, wire / 1e6, mx / 1e9, sum > 0 ? mx / (sum / N) : 1.0);
+    if (a.tflops > 0) std::cout << fmt::format(" | {:>5.2f}", mx / (a.tflops * 1e12) * 1e3);
+    if (a.gbps > 0) std::cout << fmt::format(" | {:>7.2f}", wire / (a.gbps * 1e9) * 1e3);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 void register_dist(CLI::App& app, Action& action) {
@@ -147,6 +193,21 @@ void register_dist(CLI::App& app, Action& action) {
       return dist::launch_local(*nproc, *cmd, std::chrono::milliseconds(static_cast<int64_t>(*grace * 1000)));
     };
   });
+
+  auto plan = std::make_shared<PlanArgs>();
+  auto* pl = app.add_subcommand("dist-plan", "Distributed layout of a parameter set: padding, bytes per step "
+                                             "and Newton–Schulz FLOPs per rank for several world sizes");
+  pl->add_option("--set", plan->set, "parameter set: gpt2, llama1b, small")
+      ->check(CLI::IsMember({"gpt2", "llama1b", "small"}));
+  pl->add_option("--algorithm", plan->algorithm, "matrix algorithm: muon, normuon, dion3, dion")
+      ->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
+  pl->add_option("--fraction", plan->fraction, "Dion3 row fraction")->check(CLI::Range(0.0, 1.0));
+  pl->add_option("--worlds", plan->worlds, "world sizes")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  pl->add_option("--bytes-per-element", plan->bytes_per_element, "4 (fp32) or 2 (bf16) on the wire")
+      ->check(CLI::IsMember({2, 4}));
+  pl->add_option("--tflops", plan->tflops, "sustained NS TFLOP/s per rank, for a time estimate");
+  pl->add_option("--gbps", plan->gbps, "bus bandwidth GB/s per rank, for a time estimate");
+  pl->callback([plan, &action] { action = [plan] { return run_dist_plan(*plan); }; });
 
   auto args = std::make_shared<StepArgs>();
   auto* step = app.add_subcommand("dist-step", "One rank of the distributed optimizer-step benchmark "

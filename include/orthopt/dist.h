@@ -169,6 +169,20 @@ class DistributedOptimizer {
   at::Tensor steps_t_;       // 0-d int64 on the params' device (no host sync per step)
 };
 
+// The layout a DistributedOptimizer would use for `groups` on `world_size` ranks, without
+// creating anything (tensors are read for shapes only: meta tensors work). For the
+// communication/compute model of docs/distributed.md and `orthopt dist-plan`.
+struct LayoutPlan {
+  int world_size = 1;
+  int64_t real_elements = 0;   // parameter elements
+  int64_t chunk_elements = 0;  // flat elements per rank, padding included; the reduce-scatter
+                               // and all-gather each move world_size·chunk_elements elements
+  std::vector<int64_t> owned_elements;  // per rank (no padding)
+  std::vector<double> ns_flops;         // per rank and step: Newton–Schulz FLOPs of the owned
+                                        // matrices (dense count of the method used; Dion: 0)
+};
+LayoutPlan plan_layout(const std::vector<ParamGroup>& groups, int world_size);
+
 // Writes a sharded checkpoint directory: every rank calls it; each writes its optimizer shard
 // into `final_dir`.tmp/, `extra` (if set) runs on rank 0 after a barrier to add its own files
 // (model, metadata), then rank 0 publishes by renaming to `final_dir` and a last barrier lets

@@ -20,6 +20,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -141,49 +142,13 @@ void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t 
   }
 }
 
-}  // namespace
-
-DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::shared_ptr<DistContext> ctx)
-    : groups_(std::move(groups)), ctx_(std::move(ctx)), layout_(new Layout) {
-  TORCH_CHECK(ctx_, "DistributedOptimizer: context is null");
-  TORCH_CHECK(!groups_.empty(), "DistributedOptimizer: no parameter groups");
-  const int N = ctx_->world_size();
-  const int rank = ctx_->rank();
-
-  // Common dtype/device for the flat buffers.
-  at::TensorOptions topt;
-  bool have = false;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-      const auto& p = groups_[g].params[i];
-      TORCH_CHECK(p.defined(), "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i), " is undefined");
-      TORCH_CHECK(p.is_contiguous(), "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i),
-                  " must be contiguous");
-      TORCH_CHECK(p.numel() > 0, "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i), " is empty");
-      if (!have) {
-        topt = p.options().requires_grad(false);
-        have = true;
-      }
-      TORCH_CHECK(p.scalar_type() == topt.dtype().toScalarType() && p.device() == topt.device(),
-                  "DistributedOptimizer: all parameters must share one dtype and device; group ", g, " ",
-                  param_name(groups_[g], i), " is ", p.scalar_type(), " on ", p.device(), ", the first is ",
-                  topt.dtype(), " on ", topt.device());
-    }
-  }
-  TORCH_CHECK(have, "DistributedOptimizer: the groups hold no parameters");
-  TORCH_CHECK(topt.device().type() == ctx_->device().type(), "DistributedOptimizer: parameters are on ",
-              topt.device(), " but the context's backend ", ctx_->backend(), " works on ", ctx_->device());
-
-  // A mismatched configuration would make ranks exchange buffers of different layouts: refuse
-  // it up front, on every rank, with the first difference in the message.
-  ctx_->check_same_on_all_ranks("optimizer configuration", describe_config(groups_, N));
-
-  // Segments.
-  auto& L = *layout_;
+// Segments, the block rotation of each, and the copy runs of every parameter (the layout
+// described at the top of this file). Depends only on shapes, options and N.
+void build_layout(DistributedOptimizer::Layout& L, const std::vector<ParamGroup>& groups, int N) {
   struct Member { size_t seg; size_t param; int64_t first_unit, count; };
   std::vector<Member> members;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const auto& grp = groups_[g];
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& grp = groups[g];
     if (grp.params.empty()) continue;
     if (is_matrix_algorithm(grp.options.algorithm)) {
       std::vector<size_t> group_segs;
@@ -242,11 +207,53 @@ DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::
     seg.chunk_offset = L.chunk;
     L.chunk += seg.per_rank * seg.unit_numel();
   }
-  chunk_ = L.chunk;
   for (const auto& m : members) {
     const auto& seg = L.segments[m.seg];
-    add_runs(L.runs, seg, chunk_, seg.group, m.param, m.first_unit, m.count);
+    add_runs(L.runs, seg, L.chunk, seg.group, m.param, m.first_unit, m.count);
   }
+
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::shared_ptr<DistContext> ctx)
+    : groups_(std::move(groups)), ctx_(std::move(ctx)), layout_(new Layout) {
+  TORCH_CHECK(ctx_, "DistributedOptimizer: context is null");
+  TORCH_CHECK(!groups_.empty(), "DistributedOptimizer: no parameter groups");
+  const int N = ctx_->world_size();
+  const int rank = ctx_->rank();
+
+  // Common dtype/device for the flat buffers.
+  at::TensorOptions topt;
+  bool have = false;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const auto& p = groups_[g].params[i];
+      TORCH_CHECK(p.defined(), "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i), " is undefined");
+      TORCH_CHECK(p.is_contiguous(), "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i),
+                  " must be contiguous");
+      TORCH_CHECK(p.numel() > 0, "DistributedOptimizer: group ", g, " ", param_name(groups_[g], i), " is empty");
+      if (!have) {
+        topt = p.options().requires_grad(false);
+        have = true;
+      }
+      TORCH_CHECK(p.scalar_type() == topt.dtype().toScalarType() && p.device() == topt.device(),
+                  "DistributedOptimizer: all parameters must share one dtype and device; group ", g, " ",
+                  param_name(groups_[g], i), " is ", p.scalar_type(), " on ", p.device(), ", the first is ",
+                  topt.dtype(), " on ", topt.device());
+    }
+  }
+  TORCH_CHECK(have, "DistributedOptimizer: the groups hold no parameters");
+  TORCH_CHECK(topt.device().type() == ctx_->device().type(), "DistributedOptimizer: parameters are on ",
+              topt.device(), " but the context's backend ", ctx_->backend(), " works on ", ctx_->device());
+
+  // A mismatched configuration would make ranks exchange buffers of different layouts: refuse
+  // it up front, on every rank, with the first difference in the message.
+  ctx_->check_same_on_all_ranks("optimizer configuration", describe_config(groups_, N));
+
+  build_layout(*layout_, groups_, N);
+  chunk_ = layout_->chunk;
+  const auto& L = *layout_;
 
   grad_flat_ = at::zeros({N * chunk_}, topt);
   param_flat_ = at::zeros({N * chunk_}, topt);
@@ -403,5 +410,35 @@ void DistributedOptimizer::set_group_options(size_t group, const GroupOptions& o
 }
 
 int64_t DistributedOptimizer::state_bytes() const { return local_ ? local_->state_bytes() : 0; }
+
+
+LayoutPlan plan_layout(const std::vector<ParamGroup>& groups, int world_size) {
+  TORCH_CHECK(world_size >= 1, "plan_layout: argument 'world_size' must be >= 1, got ", world_size);
+  DistributedOptimizer::Layout L;
+  build_layout(L, groups, world_size);
+  LayoutPlan plan;
+  plan.world_size = world_size;
+  plan.chunk_elements = L.chunk;
+  plan.owned_elements.assign(world_size, 0);
+  plan.ns_flops.assign(world_size, 0.0);
+  for (const auto& seg : L.segments) {
+    plan.real_elements += seg.units * seg.unit_numel();
+    const auto& o = groups[seg.group].options;
+    double per_matrix = 0;  // Newton–Schulz FLOPs of one matrix of this bank
+    if (seg.is_bank && o.algorithm != Algorithm::Dion) {
+      int64_t rows = seg.rows;
+      if (o.algorithm == Algorithm::Dion3)  // orthogonalizes the k selected rows only
+        rows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.fraction * static_cast<double>(seg.rows))));
+      const int64_t m = std::min(rows, seg.cols), n = std::max(rows, seg.cols);
+      per_matrix = method_flops(m, n, o.ortho.steps, resolve_method(m, n, o.ortho), o.ortho.gram_restarts);
+    }
+    for (int r = 0; r < world_size; ++r) {
+      const int64_t owned = seg.owned_end(r) - seg.owned_begin(r);
+      plan.owned_elements[r] += owned * seg.unit_numel();
+      plan.ns_flops[r] += static_cast<double>(owned) * per_matrix;
+    }
+  }
+  return plan;
+}
 
 }  // namespace orthopt::dist
