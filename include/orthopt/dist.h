@@ -198,6 +198,10 @@ void save_sharded_checkpoint(DistributedOptimizer& opt, const std::string& final
 int launch_local(int nproc, const std::vector<std::string>& argv,
                  std::chrono::milliseconds grace = std::chrono::seconds(5));
 
+// Whether this build can create the c10d backend "gloo" (needs gloo headers at build time:
+// Debian's libgloo-dev; pip torch ships none) or "nccl" (CUDA build with nccl.h).
+bool backend_available(const std::string& backend);
+
 // A free TCP port on 127.0.0.1 (bound and released; another process may take it meanwhile).
 int find_free_port();
 

@@ -87,6 +87,8 @@ DistContext::DistContext(DistOptions options) : options_(std::move(options)), im
 
 DistContext::~DistContext() = default;
 
+bool backend_available(const std::string& backend) { return detail::backend_available(backend); }
+
 void DistContext::count(const char* kind, int64_t payload, int64_t wire) {
   auto& s = stats_[kind];
   s.calls += 1;
