@@ -88,7 +88,7 @@ at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows) {
 at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
   auto sizes = rows.sizes().vec();
   sizes.push_back(X.size(-1));
-  return X.scatter(-2, rows.unsqueeze(-1).expand(sizes), values);
+  return X.scatter(-2, rows.unsqueeze(-1).expand(sizes), values.to(X.scalar_type()));
 }
 
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu) {

@@ -1,0 +1,321 @@
+// NorMuon, Dion3, Dion, Lion and fp32 master weights against plain float64 reference steps
+// (algorithms.md §4–7), plus the Dion3 selection / error-feedback / variance semantics.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+
+#include "orthopt/optim.h"
+#include "test_optim_reference.h"
+
+using orthopt::Algorithm;
+using orthopt::GroupOptions;
+using orthopt::Optimizer;
+using orthopt::ParamGroup;
+
+namespace {
+
+// Same precision argument as test_optim_muon.cpp: float64 params, fp32 orthogonalization
+// (standard NS, 2e-6..6e-6 measured), displacement relative error; 1e-5 is the bound.
+constexpr double kTol = 1e-5;
+
+at::Tensor randn(at::IntArrayRef sizes, at::Generator& gen, at::ScalarType dtype = at::kDouble) {
+  return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+struct Shape {
+  std::string name;
+  std::vector<int64_t> sizes;
+};
+const std::vector<Shape> kShapes = {
+    {"wide", {16, 40}}, {"tall", {40, 16}}, {"square_a", {24, 24}}, {"square_b", {24, 24}}, {"experts", {3, 12, 20}}};
+
+GroupOptions matrix_options(Algorithm a) {
+  GroupOptions o;
+  o.algorithm = a;
+  o.lr = 0.02;
+  o.weight_decay = 0.1;
+  o.ortho.method = orthopt::OrthoMethod::Standard;
+  return o;
+}
+
+// Reference state of one parameter, as [matrices, rows, cols] views for per-matrix loops.
+struct RefParam {
+  at::Tensor W0, W, M, V, Q;
+};
+
+// Runs `steps` steps of `opt_options` over kShapes (or `shapes`) and of `ref_step` (which
+// updates one RefParam given the gradient, as [B, rows, cols]); returns the worst relative
+// error of the parameter displacement.
+double compare(const GroupOptions& o, int steps,
+               const std::function<void(RefParam&, const at::Tensor& G, size_t k)>& ref_step,
+               const std::vector<Shape>& shapes = kShapes,
+               const std::function<void(Optimizer&, std::vector<RefParam>&)>& init = nullptr) {
+  auto gen = at::detail::createCPUGenerator(4321);
+  ParamGroup g;
+  g.options = o;
+  std::vector<RefParam> refs;
+  for (const auto& s : shapes) {
+    auto p = randn(s.sizes, gen).requires_grad_(true);
+    g.params.push_back(p);
+    RefParam r;
+    r.W0 = ref::f64(p).reshape({-1, p.size(-2), p.size(-1)});
+    r.W = r.W0.clone();
+    r.M = at::zeros_like(r.W);
+    r.V = at::zeros({r.W.size(0), r.W.size(1), 1}, at::kDouble);
+    refs.push_back(r);
+  }
+  Optimizer opt({g});
+  if (init) init(opt, refs);
+  for (int t = 0; t < steps; ++t) {
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      auto G = randn(shapes[k].sizes, gen);
+      g.params[k].mutable_grad() = G;
+      ref_step(refs[k], ref::f64(G).reshape(refs[k].W.sizes()), k);
+    }
+    opt.step();
+  }
+  double worst = 0;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    worst = std::max(worst, ref::rel(ref::f64(g.params[k]).reshape(refs[k].W.sizes()) - refs[k].W0,
+                                     refs[k].W - refs[k].W0));
+  return worst;
+}
+
+// ---------------------------------------------------------------- NorMuon
+
+TEST(OptimNorMuon, MatchesReference) {
+  for (bool nesterov : {false, true}) {
+    auto o = matrix_options(Algorithm::NorMuon);
+    o.nesterov = nesterov;
+    auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+      r.M = r.M * o.momentum + G;
+      at::Tensor Uin = nesterov ? G + r.M * o.momentum : r.M;
+      for (int64_t b = 0; b < r.W.size(0); ++b) {
+        at::Tensor U = ref::newton_schulz(Uin[b], "polar_express", 5);
+        at::Tensor V = r.V[b].clone();
+        at::Tensor Uh = ref::normuon(U, V, 0.95, 1e-8);
+        r.V[b].copy_(V);
+        const double adj = ref::lr_factor("spectral_norm", r.W.size(1), r.W.size(2));
+        r.W[b].copy_(ref::apply(r.W[b], Uh, o.lr, o.lr * adj, o.weight_decay, false));
+      }
+    };
+    const double one = compare(o, 1, step), ten = compare(o, 10, step);
+    std::cout << "normuon nesterov=" << nesterov << ": rel err 1 step " << one << ", 10 steps " << ten << "\n";
+    EXPECT_LT(one, kTol);
+    EXPECT_LT(ten, kTol);
+  }
+}
+
+// NorMuon variance update on its own: V = (1−β₂)·mean_j U² after one step from zero.
+TEST(OptimNorMuon, VarianceUpdate) {
+  auto o = matrix_options(Algorithm::NorMuon);
+  o.normuon_beta2 = 0.8;
+  auto p = at::randn({10, 30}, at::kDouble).requires_grad_(true);
+  ParamGroup g;
+  g.params = {p};
+  g.options = o;
+  Optimizer opt({g});
+  auto G = at::randn({10, 30}, at::kDouble);
+  p.mutable_grad() = G;
+  opt.step();
+  at::Tensor U = ref::newton_schulz(G, "polar_express", 5);
+  at::Tensor V = (U * U).mean(1, true) * (1 - 0.8);
+  EXPECT_LT(ref::rel(opt.param_state(0, 0).at("variance"), V), kTol);
+}
+
+// ---------------------------------------------------------------- Dion3
+
+// Reference Dion3 step on one matrix (algorithms.md §5); returns the selected rows.
+at::Tensor dion3_ref(at::Tensor W, at::Tensor M, at::Tensor V, const at::Tensor& G, const GroupOptions& o) {
+  M.add_(G);
+  const int64_t rows = M.size(0);
+  const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.fraction * rows)));
+  at::Tensor S = std::get<1>(M.abs().sum(1).topk(k));
+  at::Tensor Ms = M.index_select(0, S).clone();
+  M.index_copy_(0, S, Ms * o.momentum);
+  at::Tensor U = ref::newton_schulz(Ms, "polar_express", 5);
+  at::Tensor Vs = V.index_select(0, S);
+  at::Tensor Uh = ref::normuon(U, Vs, o.normuon_beta2, o.normuon_eps);
+  V.index_copy_(0, S, Vs);
+  at::Tensor D = at::zeros_like(W);
+  D.index_copy_(0, S, Uh);
+  double adj = ref::lr_factor("spectral_norm", rows, M.size(1));  // full matrix shape
+  if (o.scale_lr_by_fraction) adj /= std::sqrt(o.fraction);
+  W.copy_(ref::apply(W, D, o.lr, o.lr * adj, o.weight_decay, o.cautious_weight_decay));
+  return S;
+}
+
+TEST(OptimDion3, MatchesReference) {
+  for (double f : {0.25, 0.5, 1.0}) {
+    for (bool scale : {false, true}) {
+      auto o = matrix_options(Algorithm::Dion3);
+      o.fraction = f;
+      o.scale_lr_by_fraction = scale;
+      auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+        for (int64_t b = 0; b < r.W.size(0); ++b) dion3_ref(r.W[b], r.M[b], r.V[b], G[b], o);
+      };
+      const double one = compare(o, 1, step), ten = compare(o, 10, step);
+      std::cout << "dion3 f=" << f << " scale_lr=" << scale << ": rel err 1 step " << one << ", 10 steps " << ten
+                << "\n";
+      EXPECT_LT(one, kTol);
+      EXPECT_LT(ten, kTol);
+    }
+  }
+}
+
+// Selection, error feedback on exactly the selected rows, untouched variance elsewhere, and
+// k = max(1, ceil(f·rows)).
+TEST(OptimDion3, SelectionSemantics) {
+  for (auto [rows, f] : std::vector<std::pair<int64_t, double>>{{10, 0.25}, {10, 0.01}, {10, 1.0}, {7, 0.5}}) {
+    auto o = matrix_options(Algorithm::Dion3);
+    o.fraction = f;
+    const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(f * rows)));
+    auto p = at::randn({rows, 12}, at::kDouble).requires_grad_(true);
+    ParamGroup g;
+    g.params = {p};
+    g.options = o;
+    Optimizer opt({g});
+    // Step 1 from zero state, then step 2 to see accumulation and untouched variance.
+    at::Tensor M_expected = at::zeros({rows, 12}, at::kDouble);
+    for (int t = 0; t < 2; ++t) {
+      auto G = at::randn({rows, 12}, at::kDouble);
+      // Make the top rows obvious: scale some rows up so the L1 ranking is unambiguous.
+      G = G * at::linspace(1, 3, rows, at::kDouble).flip(0).roll(t * 3).unsqueeze(1);
+      p.mutable_grad() = G;
+      const at::Tensor V_before = opt.param_state(0, 0).empty() ? at::zeros({rows, 1}, at::kDouble)
+                                                                 : opt.param_state(0, 0).at("variance").clone().to(at::kDouble);
+      M_expected = M_expected + G;
+      at::Tensor S = std::get<1>(M_expected.abs().sum(1).topk(k));
+      at::Tensor selected = at::zeros({rows}, at::kBool).index_fill_(0, S, true);
+      opt.step();
+      const auto& st = opt.param_state(0, 0);
+      at::Tensor M = st.at("momentum"), V = st.at("variance").to(at::kDouble);
+      for (int64_t i = 0; i < rows; ++i) {
+        const bool sel = selected[i].item<bool>();
+        // Error feedback: selected rows scaled by μ, the others keep the full accumulation.
+        at::Tensor expect_row = sel ? M_expected[i] * o.momentum : M_expected[i];
+        EXPECT_LT(ref::rel(M[i], expect_row), 1e-12) << "row " << i << " selected=" << sel;
+        if (sel)
+          EXPECT_FALSE(at::equal(V[i], V_before[i])) << "variance of selected row " << i << " not updated";
+        else
+          EXPECT_TRUE(at::equal(V[i], V_before[i])) << "variance of unselected row " << i << " changed";
+      }
+      M_expected.index_copy_(0, S, M_expected.index_select(0, S) * o.momentum);
+    }
+  }
+}
+
+TEST(OptimDion3, RankFormula) {
+  auto p = at::randn({10, 12}, at::kDouble).requires_grad_(true);
+  for (auto [f, k] : std::vector<std::pair<double, int64_t>>{{0.25, 3}, {0.01, 1}, {1.0, 10}, {0.5, 5}}) {
+    auto o = matrix_options(Algorithm::Dion3);
+    o.fraction = f;
+    ParamGroup g;
+    g.params = {p};
+    g.options = o;
+    Optimizer opt({g});
+    p.mutable_grad() = at::randn({10, 12}, at::kDouble);
+    opt.step();
+    EXPECT_EQ((opt.param_state(0, 0).at("variance") != 0).sum().item<int64_t>(), k) << "f=" << f;
+  }
+}
+
+// ---------------------------------------------------------------- Dion
+
+TEST(OptimDion, MatchesReference) {
+  auto o = matrix_options(Algorithm::Dion);
+  o.rank_fraction = 0.5;
+  // The random initial Q is set through load_param_states so the reference knows it.
+  auto init = [&](Optimizer& opt, std::vector<RefParam>& refs) {
+    auto gen = at::detail::createCPUGenerator(77);
+    std::vector<std::vector<Optimizer::StateDict>> states(1);
+    for (size_t k = 0; k < kShapes.size(); ++k) {
+      const auto& s = kShapes[k].sizes;
+      const int64_t m = s[s.size() - 2], n = s.back();
+      const int64_t r = static_cast<int64_t>(std::ceil(0.5 * std::min(m, n)));
+      auto qsize = s;
+      qsize[qsize.size() - 2] = n;
+      qsize.back() = r;
+      at::Tensor Q = at::randn(qsize, gen, at::TensorOptions().dtype(at::kFloat));
+      states[0].push_back({{"momentum", at::zeros(s, at::kDouble)}, {"Q", Q}});
+      refs[k].Q = ref::f64(Q).reshape({-1, n, r});
+    }
+    opt.load_param_states(states);
+  };
+  auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+    for (int64_t b = 0; b < r.W.size(0); ++b) {
+      at::Tensor M = r.M[b];
+      M.add_(G[b]);
+      at::Tensor P = std::get<0>(at::linalg_qr(at::matmul(M, r.Q[b])));
+      at::Tensor R = at::matmul(M.t(), P);
+      M.sub_(at::matmul(P, R.t()) * (1 - o.momentum));
+      r.Q[b].copy_(R / (R.norm(2, {0}, true) + o.eps));
+      const double adj = std::sqrt(static_cast<double>(r.W.size(1)) / static_cast<double>(r.W.size(2)));
+      r.W[b].copy_(ref::apply(r.W[b], at::matmul(P, r.Q[b].t()), o.lr, o.lr * adj, o.weight_decay, false));
+    }
+  };
+  // Dion computes in fp32 throughout (QR included): no NS amplification, same bound.
+  const double one = compare(o, 1, step, kShapes, init), ten = compare(o, 10, step, kShapes, init);
+  std::cout << "dion: rel err 1 step " << one << ", 10 steps " << ten << "\n";
+  EXPECT_LT(one, kTol);
+  EXPECT_LT(ten, kTol);
+}
+
+// ---------------------------------------------------------------- Lion
+
+TEST(OptimLion, MatchesReference) {
+  GroupOptions o;
+  o.algorithm = Algorithm::Lion;
+  o.lr = 1e-3;
+  o.weight_decay = 0.5;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  std::vector<Shape> shapes = {{"vec", {1, 33}}, {"mat", {9, 13}}};
+  auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+    at::Tensor D = (r.M * o.beta1 + G * (1 - o.beta1)).sign();
+    r.M = r.M * o.beta2 + G * (1 - o.beta2);
+    r.W = ref::apply(r.W, D, o.lr, o.lr, o.weight_decay, false);
+  };
+  // float64 params: Lion computes in float64 there, so only rounding (1e-15) differs.
+  const double ten = compare(o, 10, step, shapes);
+  std::cout << "lion: rel err 10 steps " << ten << "\n";
+  EXPECT_LT(ten, 1e-12);
+}
+
+// ---------------------------------------------------------------- master weights
+
+// bf16 params with fp32 master weights follow the fp32 trajectory; the bf16 param is the
+// master rounded to bf16 after every step.
+TEST(OptimMasterWeights, Bf16ParamsFollowFp32Master) {
+  auto gen = at::detail::createCPUGenerator(3);
+  auto o = matrix_options(Algorithm::Muon);
+  o.master_weights = true;
+  auto W32 = at::randn({16, 24}, gen, at::TensorOptions().dtype(at::kFloat));
+  auto p = W32.to(at::kBFloat16).requires_grad_(true);
+  ParamGroup g;
+  g.params = {p};
+  g.options = o;
+  Optimizer opt({g});
+  at::Tensor W0 = ref::f64(p), W = W0.clone(), M = at::zeros_like(W);
+  for (int t = 0; t < 10; ++t) {
+    auto G = at::randn({16, 24}, gen, at::TensorOptions().dtype(at::kFloat)).to(at::kBFloat16);
+    p.mutable_grad() = G;
+    M = M * o.momentum + ref::f64(G);
+    at::Tensor U = ref::newton_schulz(M, "polar_express", 5);
+    W = ref::apply(W, U, o.lr, o.lr * std::sqrt(16.0 / 24.0), o.weight_decay, false);
+    opt.step();
+    const auto& master = opt.param_state(0, 0).at("master");
+    ASSERT_EQ(master.scalar_type(), at::kFloat);
+    ASSERT_EQ(opt.param_state(0, 0).at("momentum").scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(p.detach(), master.to(at::kBFloat16))) << "step " << t;
+  }
+  // fp32 master storage: the fp32-params bound of test_optim_muon.cpp (5e-5).
+  const double err = ref::rel(ref::f64(opt.param_state(0, 0).at("master")) - W0, W - W0);
+  std::cout << "master weights: rel err 10 steps " << err << "\n";
+  EXPECT_LT(err, 5e-5);
+}
+
+}  // namespace
