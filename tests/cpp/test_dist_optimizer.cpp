@@ -111,12 +111,15 @@ std::vector<at::Tensor> reference_run(int world, int64_t steps, int64_t* state_b
 // below the 1e-6 bound; a layout or ownership bug gives O(1) errors.
 void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what << " param " << i;
     const double rel = (got[i].to(at::kDouble) - want[i].to(at::kDouble)).norm().item<double>() /
                        want[i].to(at::kDouble).norm().item<double>();
     EXPECT_LE(rel, 1e-6) << what << ": param " << i << " relative error " << rel;
+    worst = std::max(worst, rel);
   }
+  std::cout << what << ": largest relative error " << worst << "\n";
 }
 
 std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
