@@ -118,7 +118,17 @@ class DistributedOptimizer {
 
   // Every parameter must have a gradient (the local gradients of this rank's micro-batch; they
   // are averaged over ranks). Reduce-scatter, local step on owned matrices, all-gather.
+  // Same as reduce_gradients() followed by apply_update().
   void step();
+  // The two halves of step(), for a trainer that clips or guards on the global gradient:
+  // reduce_gradients() averages the gradients over ranks into the owned shard and returns the
+  // global gradient norm (0-d fp32 on the device, the same on every rank; one extra scalar
+  // all-reduce). owned_params() are the local optimizer's parameters whose .grad are the
+  // reduced shard: scale them (e.g. train's clip_grad_norm(owned_params(), max, norm)) before
+  // apply_update() runs the local step and the all-gather.
+  at::Tensor reduce_gradients();
+  std::vector<at::Tensor> owned_params() const;
+  void apply_update();
   void zero_grad(bool set_to_none = true);
 
   void set_lr_scale(double factor);
@@ -167,6 +177,7 @@ class DistributedOptimizer {
   double lr_scale_ = 1.0;
   at::Tensor skip_factor_;   // 0-d fp32 on the params' device
   at::Tensor steps_t_;       // 0-d int64 on the params' device (no host sync per step)
+  bool reduced_ = false;     // reduce_gradients() done, apply_update() pending
 };
 
 // The layout a DistributedOptimizer would use for `groups` on `world_size` ranks, without

@@ -356,7 +356,7 @@ void DistributedOptimizer::unpack_params() {
   }
 }
 
-void DistributedOptimizer::step() {
+at::Tensor DistributedOptimizer::reduce_gradients() {
   at::NoGradGuard ng;
   const int N = ctx_->world_size();
   const int rank = ctx_->rank();
@@ -364,6 +364,26 @@ void DistributedOptimizer::step() {
   auto own_grad = grad_flat_.narrow(0, rank * chunk_, chunk_);
   ctx_->reduce_scatter_sum(grad_flat_, own_grad);
   own_grad.div_(N);  // average: the gradient of the global batch
+  // Global norm of the averaged gradient: owned chunks are disjoint (padding is zero), so
+  // the squares add up over ranks. One all-reduce of a scalar, no host synchronization.
+  at::Tensor sq = own_grad.to(at::kFloat).pow(2).sum().reshape({1});
+  ctx_->all_reduce_sum(sq);
+  reduced_ = true;
+  return sq.sqrt().reshape({});
+}
+
+std::vector<at::Tensor> DistributedOptimizer::owned_params() const {
+  std::vector<at::Tensor> out;
+  if (!local_) return out;
+  for (const auto& g : local_->param_groups())
+    for (const auto& p : g.params) out.push_back(p);
+  return out;
+}
+
+void DistributedOptimizer::apply_update() {
+  TORCH_CHECK(reduced_, "DistributedOptimizer::apply_update: call reduce_gradients() first (once per step)");
+  at::NoGradGuard ng;
+  const int rank = ctx_->rank();
   // The model parameters are the source of truth (a user may have loaded or edited them).
   pack_owned_params();
   if (local_) local_->step();
@@ -371,6 +391,12 @@ void DistributedOptimizer::step() {
   ctx_->all_gather(own, param_flat_);
   unpack_params();
   steps_t_.add_(skip_factor_.ne(0).to(at::kLong));
+  reduced_ = false;
+}
+
+void DistributedOptimizer::step() {
+  reduce_gradients();
+  apply_update();
 }
 
 int64_t DistributedOptimizer::step_count() const { return steps_t_.item<int64_t>(); }

@@ -15,6 +15,7 @@
 #include <torch/serialize.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -228,6 +229,23 @@ void run_worker(const std::string& scenario, const std::string& out) {
     int64_t owned = 0;
     for (const auto& p : opt.owned_pieces()) owned += (p.end - p.begin) * (p.is_bank ? p.rows * p.cols : 1);
     EXPECT_EQ(plan.owned_elements[rank], owned);
+  } else if (scenario == "clip") {
+    // The split step with global-norm clipping to 0.5 (the averaged gradient's norm is about
+    // 7, so every step is clipped; the parent asserts it).
+    auto groups = make_groups(7);
+    dist::DistributedOptimizer opt(groups, ctx);
+    std::ofstream norms(out + "/norms_" + tag + ".txt");
+    norms.precision(10);
+    for (int64_t s = 0; s < 3; ++s) {
+      set_local_grads(groups, s, rank);
+      at::Tensor norm = opt.reduce_gradients();
+      at::Tensor factor = (0.5 / (norm + 1e-6)).clamp_max(1.0);
+      for (auto& p : opt.owned_params()) p.mutable_grad().mul_(factor);
+      opt.apply_update();
+      norms << norm.item<double>() << "\n";
+    }
+    EXPECT_THROW(opt.apply_update(), c10::Error);  // without a reduce_gradients() first
+    write_params(groups, out + "/params_" + tag + ".pt");
   } else if (scenario == "save") {  // 2 steps, then a sharded checkpoint with the model
     auto groups = make_groups(7);
     dist::DistributedOptimizer opt(groups, ctx);
@@ -341,6 +359,47 @@ TEST_P(DistEqualsSingleProcess, MuonDion3AdamWUnevenBanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gloo, DistEqualsSingleProcess, testing::Values(1, 2, 3));
+
+TEST(DistSplitStep, GlobalNormClippingEqualsSingleProcess) {
+  REQUIRE_GLOO();
+  const int world = 3;
+  const std::string out = fresh_dir("clip");
+  auto l = launch(world, "clip", out);
+  ASSERT_EQ(l.rc, 0) << l.err;
+  // Reference: the global gradient's norm in fp64, the same clip factor, one process.
+  auto groups = make_groups(7);
+  Optimizer opt(groups);
+  std::vector<double> want_norms;
+  for (int64_t s = 0; s < 3; ++s) {
+    int64_t i = 0;
+    double sq = 0;
+    for (const auto& g : groups)
+      for (auto p : g.params) {
+        at::Tensor sum = at::zeros_like(p);
+        for (int r = 0; r < world; ++r) sum.add_(local_grad(p, s, r, i));
+        p.mutable_grad() = sum.div_(world);
+        sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+        ++i;
+      }
+    want_norms.push_back(std::sqrt(sq));
+    const double factor = std::min(1.0, 0.5 / (want_norms.back() + 1e-6));
+    ASSERT_LT(factor, 1.0);  // the test must exercise clipping
+    for (const auto& g : groups)
+      for (auto p : g.params) p.mutable_grad().mul_(factor);
+    opt.step();
+  }
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(read_text(out + "/norms_" + std::to_string(r) + ".txt"));
+    for (double w : want_norms) {
+      double got = 0;
+      in >> got;
+      // fp32 sum of squares over ~5k elements vs fp64: ~1e-7 relative.
+      EXPECT_NEAR(got, w, 1e-6 * w) << "rank " << r;
+    }
+    expect_close(load_tensors(out + "/params_" + std::to_string(r) + ".pt"), all_params(groups),
+                 "clipped, rank " + std::to_string(r));
+  }
+}
 
 TEST(DistCheckpoint, SaveAt2ResumeAt1And2And3) {
   REQUIRE_GLOO();
