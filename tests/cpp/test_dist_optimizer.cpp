@@ -10,6 +10,7 @@
 // reduce-scatter/all-gather, state sharding and re-sharding.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <torch/serialize.h>
@@ -279,14 +280,16 @@ void run_worker(const std::string& scenario, const std::string& out) {
     write_params(groups, out + "/params_" + tag + ".pt");
     std::ofstream(out + "/steps_" + tag + ".txt") << opt.step_count() << "\n";
   } else if (scenario == "kill" || scenario == "stall") {
-    // Rank 1 dies (kill) or stops answering (stall) before the 2nd step; the others must
-    // fail with an error on their own: they ignore the launcher's SIGTERM here.
-    if (rank != 1) ::signal(SIGTERM, SIG_IGN);
+    // The victim rank (ORTHOPT_DIST_VICTIM, default 1) dies (kill) or stops answering (stall)
+    // before the 2nd step; the others must fail with an error on their own: they ignore the
+    // launcher's SIGTERM here.
+    const int victim = std::stoi(env("ORTHOPT_DIST_VICTIM", "1"));
+    if (rank != victim) ::signal(SIGTERM, SIG_IGN);
     auto groups = make_groups(7);
     dist::DistributedOptimizer opt(groups, ctx);
     set_local_grads(groups, 0, rank);
     opt.step();
-    if (rank == 1) {
+    if (rank == victim) {
       if (scenario == "kill") ::raise(SIGKILL);
       std::this_thread::sleep_for(std::chrono::seconds(60));
     }
@@ -435,6 +438,38 @@ TEST(DistFaults, KilledRankEndsTheJobWithinTheTimeout) {
     const std::string e = read_text(out + "/error_" + std::to_string(r) + ".txt");
     EXPECT_NE(e.find("failed on rank " + std::to_string(r)), std::string::npos) << e;
   }
+}
+
+TEST(DistFaults, KilledRank0WhichHostsTheStore) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("kill0");
+  auto l = launch(2, "kill", out, {{"ORTHOPT_DIST_TIMEOUT_S", "10"}, {"ORTHOPT_DIST_VICTIM", "0"}},
+                  std::chrono::seconds(60));
+  EXPECT_EQ(l.rc, 128 + SIGKILL) << l.err;
+  EXPECT_NE(l.err.find("rank 0 was killed by signal 9"), std::string::npos) << l.err;
+  EXPECT_LT(l.seconds, 30.0);
+  const std::string e = read_text(out + "/error_1.txt");
+  EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
+}
+
+// The CLI: `orthopt launch` around `orthopt dist-step` (ORTHOPT_BIN is set by ctest).
+TEST(DistCli, LaunchDistStepAndFailure) {
+  REQUIRE_GLOO();
+  const std::string bin = env("ORTHOPT_BIN");
+  if (bin.empty()) GTEST_SKIP() << "ORTHOPT_BIN not set (run through ctest)";
+  const std::string out = fresh_dir("cli");
+  const std::string cmd = "OMP_NUM_THREADS=1 " + bin + " launch --nproc 2 -- " + bin +
+                          " dist-step --set small --steps 1 --warmup 0 --json " + out + "/r.json > " + out +
+                          "/stdout.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_text(out + "/stdout.txt");
+  const std::string r = read_text(out + "/r.json");
+  EXPECT_NE(r.find("\"world_size\": 2"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"reduce_scatter_via_all_reduce\""), std::string::npos) << r;
+  // A failing rank: the launcher's exit code is non-zero and names the rank.
+  const std::string bad = bin + " launch --nproc 2 -- /bin/sh -c '[ $RANK = 0 ] && exit 4; exec sleep 30' > " + out + "/bad.txt 2>&1";
+  const int status = std::system(bad.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 4) << status;
+  EXPECT_NE(read_text(out + "/bad.txt").find("rank 0 exited with code 4"), std::string::npos) << read_text(out + "/bad.txt");
 }
 
 TEST(DistFaults, StalledRankTimesOutTheOthers) {
