@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iostream>
 
+#include <torch/cuda.h>
+
 #include "commands.h"
 #include "orthopt/dist.h"
 #include "orthopt/optim.h"
@@ -17,6 +19,8 @@
 namespace orthopt::cli {
 
 namespace {
+
+using dist::CommStats;
 
 struct StepArgs {
   std::string set = "gpt2";
@@ -89,19 +93,57 @@ int run_dist_step(const StepArgs& a) {
 
   dist::DistributedOptimizer opt(groups, ctx);
   at::manual_seed(1000 + ctx->rank());  // different local gradients per rank
-  std::vector<double> ms;
+  // Host time of device work needs a device synchronization (NCCL's wait() only orders streams).
+  auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto ms_between = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  std::vector<double> ms, reduce_ms, apply_ms;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     for (auto& g : opt.param_groups())
       for (auto p : g.params) p.mutable_grad() = at::randn_like(p);
     if (s == a.warmup) ctx->reset_comm_stats();
+    sync();
     ctx->barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    opt.step();
-    if (device.is_cuda()) ctx->barrier();  // the collectives are asynchronous on the device
-    auto t1 = std::chrono::steady_clock::now();
-    if (s >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    auto t0 = now();
+    opt.reduce_gradients();  // pack + reduce-scatter + global norm
+    sync();
+    auto t1 = now();
+    opt.apply_update();      // local optimizer step + all-gather + unpack
+    sync();
+    auto t2 = now();
+    if (s >= a.warmup) {
+      ms.push_back(ms_between(t0, t2));
+      reduce_ms.push_back(ms_between(t0, t1));
+      apply_ms.push_back(ms_between(t1, t2));
+    }
   }
-  std::sort(ms.begin(), ms.end());
+  const CommStats step_stats = ctx->comm_stats();
+  // The collectives alone, on buffers of the optimizer's size: the rest of a step is local work.
+  std::vector<double> rs_ms, ag_ms;
+  {
+    const int64_t chunk = opt.flat_elements_per_rank();
+    at::Tensor full = at::randn({ctx->world_size() * chunk}, at::TensorOptions().device(device));
+    at::Tensor own = at::empty({chunk}, full.options());
+    for (int s = 0; s < a.steps; ++s) {
+      sync();
+      ctx->barrier();
+      auto t0 = now();
+      ctx->reduce_scatter_sum(full, own);
+      sync();
+      auto t1 = now();
+      ctx->all_gather(own, full);
+      sync();
+      auto t2 = now();
+      rs_ms.push_back(ms_between(t0, t1));
+      ag_ms.push_back(ms_between(t1, t2));
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   // State bytes of every rank, to rank 0 (one all-reduce of a world-size vector).
   at::Tensor sb = at::zeros({ctx->world_size()}, at::TensorOptions().dtype(at::kDouble).device(device));
   sb[ctx->rank()] = static_cast<double>(opt.state_bytes());
@@ -115,10 +157,14 @@ int run_dist_step(const StepArgs& a) {
   out["backend"] = ctx->backend();
   out["params"] = total_params;
   out["flat_elements_per_rank"] = opt.flat_elements_per_rank();
-  out["step_ms_median"] = ms[ms.size() / 2];
+  out["step_ms_median"] = median(ms);
+  out["reduce_gradients_ms_median"] = median(reduce_ms);
+  out["apply_update_ms_median"] = median(apply_ms);
+  out["reduce_scatter_alone_ms_median"] = median(rs_ms);
+  out["all_gather_alone_ms_median"] = median(ag_ms);
   out["state_bytes_per_rank"] = std::vector<double>(sb.data_ptr<double>(), sb.data_ptr<double>() + sb.numel());
-  for (const auto& [kind, st] : ctx->comm_stats()) {
-    if (kind == "barrier" || kind == "all_reduce") continue;  // the benchmark's own
+  for (const auto& [kind, st] : step_stats) {
+    if (kind == "barrier") continue;  // the benchmark's own synchronization
     out["per_step"][kind] = {{"calls", st.calls / a.steps},
                              {"payload_bytes", st.payload_bytes / a.steps},
                              {"wire_bytes", st.wire_bytes / a.steps}};
