@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   orthopt::cli::Action action;
   orthopt::cli::register_bench(app, action);
   orthopt::cli::register_dist(app, action);
+  orthopt::cli::register_train(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,64 @@
+#pragma once
+// `orthopt train` and `orthopt compare` as library functions.
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orthopt/train/config.h"
+
+namespace orthopt::train {
+
+struct EvalPoint {
+  int64_t step;
+  double val_loss;  // nats per byte
+};
+
+struct TrainResult {
+  int64_t n_params = 0;
+  int64_t steps_done = 0;         // optimizer steps of the schedule consumed (skipped ones too)
+  int64_t skipped_nonfinite = 0;  // steps skipped by the firewall
+  int64_t skipped_spike = 0;      // steps skipped by the spike guard
+  double final_val_loss = 0.0;    // at the last evaluation (nan if none)
+  std::vector<EvalPoint> evals;   // every evaluation of the run (resumed runs: from the start)
+  double optimizer_ms_per_step = 0.0;  // clip + optimizer.step() (this process only)
+  double tokens_per_s = 0.0;           // training tokens / training wall time (this process only)
+  bool stopped_early = false;          // stop_after reached
+};
+
+// Runs (or with c.resume continues) a training run in c.run_dir, logging to `log`. The corpus
+// is the default one (generated and cached on first use) unless c.data names a file.
+// Throws c10::Error on bad input and NonFiniteAbort (guards.h) when the firewall gives up.
+TrainResult train(const TrainConfig& c, std::ostream& log);
+
+// Bits per byte of a loss in nats per byte.
+double bits_per_byte(double loss_nats);
+
+struct CompareConfig {
+  TrainConfig base;                          // model, data, steps... (algorithm/lr/seed/run_dir overridden)
+  std::vector<std::string> algorithms = {"adamw", "muon", "normuon", "dion3"};
+  std::map<std::string, double> lrs;         // per algorithm; missing: default_matrix_lr
+  std::vector<uint64_t> seeds = {1};
+  double target_loss = 0.0;                  // 0: AdamW's mean final validation loss
+  std::string run_dir = "runs/compare";
+  std::string plot_script;                   // empty: no plot; else path of scripts/plot_compare.py
+  std::string python = "/usr/bin/python3";
+};
+
+struct CompareRow {
+  std::string algorithm;
+  double lr = 0.0;
+  std::vector<double> final_losses;          // one per seed
+  std::vector<int64_t> steps_to_target;      // one per seed; -1: not reached
+  double optimizer_ms_per_step = 0.0;        // mean over seeds
+  double tokens_per_s = 0.0;                 // mean over seeds
+};
+
+// Runs every algorithm × seed in <run_dir>/<algorithm>_seed<seed>/ (no checkpoints), writes
+// compare.csv, compare.md and curves.csv into run_dir and, when plot_script is set, compare.png.
+std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log);
+
+}  // namespace orthopt::train

@@ -1,0 +1,411 @@
+#include "orthopt/train/checkpoint.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <regex>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace orthopt::train {
+
+// ---------------------------------------------------------------- SHA-256
+
+namespace {
+
+using DigestCtx = std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)>;
+
+DigestCtx new_sha256() {
+  DigestCtx ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  TORCH_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1,
+              "sha256: OpenSSL digest initialisation failed");
+  return ctx;
+}
+
+std::string finish_hex(EVP_MD_CTX* ctx) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  TORCH_CHECK(EVP_DigestFinal_ex(ctx, digest, &len) == 1, "sha256: OpenSSL digest failed");
+  std::string hex;
+  hex.reserve(2 * len);
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+}  // namespace
+
+std::string sha256_hex(const std::string& bytes) {
+  DigestCtx ctx = new_sha256();
+  TORCH_CHECK(EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) == 1, "sha256: update failed");
+  return finish_hex(ctx.get());
+}
+
+std::string sha256_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.is_open(), "sha256_file: cannot open '", path, "'");
+  DigestCtx ctx = new_sha256();
+  std::vector<char> chunk(1 << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const std::streamsize got = in.gcount();
+    if (got > 0) TORCH_CHECK(EVP_DigestUpdate(ctx.get(), chunk.data(), got) == 1, "sha256: update failed");
+  }
+  TORCH_CHECK(in.eof(), "sha256_file: read error on '", path, "'");
+  return finish_hex(ctx.get());
+}
+
+// ---------------------------------------------------------------- metadata
+
+nlohmann::json CheckpointMeta::to_json() const {
+  nlohmann::json files_json = nlohmann::json::object();
+  for (const auto& [name, size_sha] : files)
+    files_json[name] = {{"size", size_sha.first}, {"sha256", size_sha.second}};
+  return {{"format_version", format_version}, {"step", step},
+          {"tokens_seen", tokens_seen},       {"config_sha256", config_sha256},
+          {"optimizer", optimizer},           {"files", files_json},
+          {"extra", extra}};
+}
+
+CheckpointMeta CheckpointMeta::from_json(const nlohmann::json& j) {
+  TORCH_CHECK(j.is_object(), "checkpoint metadata: expected a JSON object");
+  auto field = [&](const char* name) -> const nlohmann::json& {
+    TORCH_CHECK(j.contains(name), "checkpoint metadata: missing field '", name, "'");
+    return j.at(name);
+  };
+  CheckpointMeta m;
+  try {
+    m.format_version = field("format_version").get<int>();
+    m.step = field("step").get<int64_t>();
+    m.tokens_seen = field("tokens_seen").get<int64_t>();
+    m.config_sha256 = field("config_sha256").get<std::string>();
+    m.optimizer = field("optimizer").get<std::string>();
+    const nlohmann::json& files = field("files");
+    TORCH_CHECK(files.is_object(), "checkpoint metadata: 'files' must be an object");
+    for (const auto& [name, entry] : files.items())
+      m.files[name] = {entry.at("size").get<int64_t>(), entry.at("sha256").get<std::string>()};
+    m.extra = j.value("extra", nlohmann::json());
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "checkpoint metadata: malformed field: ", e.what());
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------- filesystem helpers
+
+namespace {
+
+const std::regex kStepDirName(R"(step_(\d+))");
+const std::regex kTmpDirName(R"(step_.*\.tmp)");
+constexpr const char* kMetadataFile = "metadata.json";
+
+[[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
+  TORCH_CHECK(false, "checkpoint: ", what, " '", path, "' failed: ", std::strerror(errno));
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw_errno("open for fsync", path);
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    throw_errno("fsync", path);
+  }
+  ::close(fd);
+}
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("write", path);
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Fault injection (docs/checkpoints.md): the stage named by ORTHOPT_FAULT_CHECKPOINT, read once per
+// write_checkpoint call and validated so a misspelt stage fails loudly instead of never firing.
+std::string requested_fault_stage() {
+  const char* env = std::getenv("ORTHOPT_FAULT_CHECKPOINT");
+  if (env == nullptr || *env == '\0') return "";
+  const std::string stage(env);
+  const auto& stages = kCheckpointFaultStages;
+  TORCH_CHECK(std::find(stages.begin(), stages.end(), stage) != stages.end(),
+              "ORTHOPT_FAULT_CHECKPOINT: unknown stage '", stage, "'; valid stages: ",
+              fmt::format("{}", fmt::join(stages, ", ")));
+  return stage;
+}
+
+// Simulated kill: no destructors, no flushing of stdio buffers, exit status 137 like SIGKILL.
+void maybe_die(const std::string& requested, const char* stage) {
+  if (requested == stage) std::_Exit(137);
+}
+
+// Publishes tmp as target. RENAME_NOREPLACE / RENAME_EXCHANGE make both cases one atomic step;
+// where the filesystem lacks renameat2 (EINVAL/ENOSYS) a checked plain rename is used instead.
+constexpr unsigned kRenameNoReplace = 1u << 0;  // linux/fs.h values, stable kernel ABI
+constexpr unsigned kRenameExchange = 1u << 1;
+
+int renameat2_raw(const std::string& from, const std::string& to, unsigned flags) {
+#ifdef SYS_renameat2
+  return static_cast<int>(::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+void publish_dir(const std::string& tmp, const std::string& target, bool overwrite) {
+  if (!overwrite || !fs::exists(target)) {
+    if (renameat2_raw(tmp, target, kRenameNoReplace) == 0) return;
+    if (errno == EEXIST) TORCH_CHECK(false, "checkpoint: '", target, "' appeared while writing; not overwritten");
+    if (errno != EINVAL && errno != ENOSYS) throw_errno("rename to", target);
+    TORCH_CHECK(!fs::exists(target), "checkpoint: '", target, "' appeared while writing; not overwritten");
+    if (::rename(tmp.c_str(), target.c_str()) != 0) throw_errno("rename to", target);
+    return;
+  }
+  // Replace: swap the new directory in, then delete the old one (now under the .tmp name, so a
+  // crash before the delete leaves a stale .tmp that the next write removes).
+  if (renameat2_raw(tmp, target, kRenameExchange) == 0) {
+    fs::remove_all(tmp);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS) throw_errno("exchange with", target);
+  const std::string aside = target + ".replaced.tmp";
+  fs::remove_all(aside);
+  if (::rename(target.c_str(), aside.c_str()) != 0) throw_errno("rename aside", target);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) throw_errno("rename to", target);
+  fs::remove_all(aside);
+}
+
+void check_file_name(const std::string& name, const std::set<std::string>& seen) {
+  TORCH_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+                  name.find('\0') == std::string::npos,
+              "write_checkpoint: file name '", name, "' must be a plain file name (no '/')");
+  TORCH_CHECK(name != kMetadataFile, "write_checkpoint: file name '", name,
+              "' is reserved for the checkpoint metadata");
+  TORCH_CHECK(!seen.count(name), "write_checkpoint: duplicate file name '", name, "'");
+}
+
+void remove_stale_tmp_dirs(const std::string& run_dir) {
+  for (const auto& entry : fs::directory_iterator(run_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, kTmpDirName)) fs::remove_all(entry.path());
+  }
+}
+
+struct StepDir {
+  int64_t step;
+  std::string path;
+};
+
+// step_<N> directories of run_dir, newest first (never *.tmp).
+std::vector<StepDir> list_step_dirs(const std::string& run_dir) {
+  std::vector<StepDir> dirs;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return dirs;
+  for (const auto& entry : fs::directory_iterator(run_dir)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kStepDirName) || !entry.is_directory()) continue;
+    try {
+      dirs.push_back({std::stoll(m[1].str()), entry.path().string()});
+    } catch (const std::out_of_range&) {
+      std::cerr << "orthopt: warning: ignoring '" << entry.path().string() << "': step out of range\n";
+    }
+  }
+  std::sort(dirs.begin(), dirs.end(), [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
+  return dirs;
+}
+
+// Reason a checkpoint directory is invalid, or "" if valid (meta filled in then).
+std::string checkpoint_problem(const std::string& ckpt_dir, CheckpointMeta* meta) {
+  try {
+    *meta = verify_checkpoint(ckpt_dir);
+    return "";
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string> kCheckpointFaultStages = {
+    "after_tmp_dir", "mid_file",       "after_files",  "mid_metadata",
+    "after_metadata", "before_rename", "after_rename"};
+
+std::string checkpoint_dir(const std::string& run_dir, int64_t step) {
+  return (fs::path(run_dir) / fmt::format("step_{}", step)).string();
+}
+
+// ---------------------------------------------------------------- write
+
+void write_checkpoint(const std::string& run_dir, int64_t step,
+                      const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
+                      CheckpointMeta meta, bool overwrite) {
+  TORCH_CHECK(!run_dir.empty(), "write_checkpoint: run_dir must not be empty");
+  TORCH_CHECK(step >= 0, "write_checkpoint: step must be >= 0, got ", step);
+  std::set<std::string> names;
+  for (const auto& [name, writer] : files) {
+    check_file_name(name, names);
+    TORCH_CHECK(static_cast<bool>(writer), "write_checkpoint: file '", name, "' has no writer");
+    names.insert(name);
+  }
+  const std::string fault = requested_fault_stage();
+  const std::string target = checkpoint_dir(run_dir, step);
+  TORCH_CHECK(overwrite || !fs::exists(target), "write_checkpoint: checkpoint '", target,
+              "' already exists; refusing to overwrite it (overwrite not requested)");
+
+  fs::create_directories(run_dir);
+  remove_stale_tmp_dirs(run_dir);
+  const std::string tmp = target + ".tmp";
+  fs::create_directory(tmp);
+  maybe_die(fault, "after_tmp_dir");
+
+  meta.step = step;
+  meta.format_version = kCheckpointFormatVersion;
+  meta.files.clear();
+  for (const auto& [name, writer] : files) {
+    const std::string path = (fs::path(tmp) / name).string();
+    writer(path);
+    TORCH_CHECK(fs::is_regular_file(path), "write_checkpoint: the writer of '", name,
+                "' did not create the file '", path, "'");
+    if (fault == "mid_file") {  // a kill halfway through the first file
+      fs::resize_file(path, fs::file_size(path) / 2);
+      std::_Exit(137);
+    }
+    fsync_path(path, /*directory=*/false);
+    meta.files[name] = {static_cast<int64_t>(fs::file_size(path)), sha256_file(path)};
+  }
+  maybe_die(fault, "after_files");
+
+  // metadata.json last: its presence (valid, with matching checksums) is what makes a checkpoint.
+  const std::string meta_path = (fs::path(tmp) / kMetadataFile).string();
+  const std::string text = meta.to_json().dump(2) + "\n";
+  const int fd = ::open(meta_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("create", meta_path);
+  if (fault == "mid_metadata") {
+    write_all(fd, text.data(), text.size() / 2, meta_path);
+    std::_Exit(137);
+  }
+  write_all(fd, text.data(), text.size(), meta_path);
+  if (::fsync(fd) != 0) throw_errno("fsync", meta_path);
+  if (::close(fd) != 0) throw_errno("close", meta_path);
+  maybe_die(fault, "after_metadata");
+
+  fsync_path(tmp, /*directory=*/true);
+  maybe_die(fault, "before_rename");
+  publish_dir(tmp, target, overwrite);
+  maybe_die(fault, "after_rename");
+  fsync_path(run_dir, /*directory=*/true);
+}
+
+// ---------------------------------------------------------------- verify / find / prune
+
+CheckpointMeta verify_checkpoint(const std::string& ckpt_dir) {
+  const fs::path dir(ckpt_dir);
+  const std::string name = dir.filename().string();
+  std::smatch m;
+  TORCH_CHECK(std::regex_match(name, m, kStepDirName), "checkpoint '", ckpt_dir,
+              "': not a published checkpoint directory (expected a name step_<N>)");
+  TORCH_CHECK(fs::is_directory(dir), "checkpoint '", ckpt_dir, "' is not a directory");
+  const fs::path meta_path = dir / kMetadataFile;
+  TORCH_CHECK(fs::is_regular_file(meta_path), "checkpoint '", ckpt_dir, "': missing ", kMetadataFile);
+
+  nlohmann::json j;
+  {
+    std::ifstream in(meta_path);
+    TORCH_CHECK(in.is_open(), "checkpoint '", ckpt_dir, "': cannot read ", kMetadataFile);
+    j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  TORCH_CHECK(!j.is_discarded(), "checkpoint '", ckpt_dir, "': ", kMetadataFile, " is not valid JSON");
+  TORCH_CHECK(j.is_object() && j.contains("format_version") && j["format_version"].is_number_integer(),
+              "checkpoint '", ckpt_dir, "': ", kMetadataFile, " has no integer format_version");
+  const int version = j["format_version"].get<int>();
+  TORCH_CHECK(version == kCheckpointFormatVersion, "checkpoint '", ckpt_dir, "': unknown format version ",
+              version, " (this build reads version ", kCheckpointFormatVersion, ")");
+  CheckpointMeta meta;
+  try {
+    meta = CheckpointMeta::from_json(j);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", ckpt_dir, "': ", e.what_without_backtrace());
+  }
+  TORCH_CHECK(std::to_string(meta.step) == m[1].str(), "checkpoint '", ckpt_dir,
+              "': metadata step ", meta.step, " does not match the directory name");
+  for (const auto& [file, size_sha] : meta.files) {
+    const fs::path path = dir / file;
+    TORCH_CHECK(file.find('/') == std::string::npos && file != kMetadataFile,
+                "checkpoint '", ckpt_dir, "': metadata lists an invalid file name '", file, "'");
+    TORCH_CHECK(fs::is_regular_file(path), "corrupted checkpoint '", ckpt_dir, "': file '", file,
+                "' is missing");
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    TORCH_CHECK(size == size_sha.first, "corrupted checkpoint '", ckpt_dir, "': file '", file, "' has ",
+                size, " bytes, metadata says ", size_sha.first);
+    const std::string sha = sha256_file(path.string());
+    TORCH_CHECK(sha == size_sha.second, "corrupted checkpoint '", ckpt_dir, "': file '", file,
+                "' has SHA-256 ", sha, ", metadata says ", size_sha.second);
+  }
+  return meta;
+}
+
+c10::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
+  for (const StepDir& d : list_step_dirs(run_dir)) {
+    CheckpointMeta meta;
+    const std::string problem = checkpoint_problem(d.path, &meta);
+    if (problem.empty()) return d.path;
+    std::cerr << "orthopt: warning: skipping invalid checkpoint: " << problem << "\n";
+  }
+  return c10::nullopt;
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& ckpt_dir, const std::string& expected_config_sha256) {
+  TORCH_CHECK(!expected_config_sha256.empty(),
+              "read_checkpoint_meta: expected_config_sha256 must not be empty");
+  CheckpointMeta meta = verify_checkpoint(ckpt_dir);
+  TORCH_CHECK(meta.config_sha256 == expected_config_sha256, "checkpoint '", ckpt_dir,
+              "': config mismatch: expected config sha256 ", expected_config_sha256, ", found ",
+              meta.config_sha256, " (the checkpoint was written by a run with another config)");
+  return meta;
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep_last) {
+  TORCH_CHECK(keep_last >= 1, "prune_checkpoints: keep_last must be >= 1, got ", keep_last);
+  int kept = 0;
+  for (const StepDir& d : list_step_dirs(run_dir)) {
+    CheckpointMeta meta;
+    const std::string problem = checkpoint_problem(d.path, &meta);
+    if (!problem.empty()) {
+      std::cerr << "orthopt: warning: prune leaves invalid checkpoint alone: " << problem << "\n";
+      continue;
+    }
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    // Disappear atomically under a stale-.tmp name, then delete.
+    const std::string doomed = d.path + ".pruned.tmp";
+    fs::remove_all(doomed);
+    if (::rename(d.path.c_str(), doomed.c_str()) != 0) throw_errno("rename for pruning", d.path);
+    fs::remove_all(doomed);
+  }
+  fsync_path(run_dir, /*directory=*/true);
+}
+
+}  // namespace orthopt::train

@@ -1,0 +1,452 @@
+// `orthopt train` end to end through the real binary ($ORTHOPT_BIN): bit-exact resume,
+// the non-finite firewall, crash safety under SIGKILL and injected faults during checkpoint
+// writes, clear errors that leave the run directory untouched, gradient accumulation and a
+// quick `orthopt compare`. Tiny model, 32-byte context, 4 sequences per batch: seconds per run.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orthopt/train/checkpoint.h"
+#include "orthopt/train/schedule.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace orthopt::train;
+
+namespace {
+
+std::string bin() {
+  const char* b = std::getenv("ORTHOPT_BIN");
+  return b ? b : "build/orthopt";
+}
+
+fs::path scratch_root() {
+  static const fs::path root = [] {
+    auto p = fs::temp_directory_path() / ("orthopt_test_trainer_" + std::to_string(::getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return root;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  auto p = scratch_root() / name;
+  fs::remove_all(p);
+  return p;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A small deterministic English-like corpus (60 KB), independent of the Bible cache.
+std::string corpus_path() {
+  static const std::string path = [] {
+    const char* words[] = {"the", "light", "water", "and", "earth", "said", "was", "good", "of", "day",
+                           "night", "upon", "face", "deep", "form", "void", "moved", "God", "heaven", "created"};
+    std::string text;
+    uint64_t x = 12345;
+    while (text.size() < 60000) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      text += words[(x >> 33) % 20];
+      text += ((x >> 20) % 9 == 0) ? ".\n" : " ";
+    }
+    const auto p = scratch_root() / "corpus.txt";
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }();
+  return path;
+}
+
+struct Result {
+  int exit_code = -1;   // -1: killed by a signal
+  int signal = 0;
+  std::string out, err;
+};
+
+pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+            const fs::path& out, const fs::path& err) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // One thread: these runs are tiny, and ctest runs tests in parallel on few cores.
+    ::setenv("ORTHOPT_NUM_THREADS", "1", 0);
+    for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    if (!::freopen(out.c_str(), "w", stdout) || !::freopen(err.c_str(), "w", stderr)) ::_exit(120);
+    std::vector<char*> argv;
+    std::string b = bin();
+    argv.push_back(b.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(b.c_str(), argv.data());
+    ::_exit(121);
+  }
+  return pid;
+}
+
+Result wait_for(pid_t pid, const fs::path& out, const fs::path& err) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Result r;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+Result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+  const auto out = scratch_root() / "last.out", err = scratch_root() / "last.err";
+  return wait_for(spawn(args, env, out, err), out, err);
+}
+
+// The run every test compares against: 12 steps, evaluation every 4.
+std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"train",          "--preset",      "tiny",  "--context",    "32",
+                                "--batch-size",   "4",             "--steps", "12",         "--eval-every",
+                                "4",              "--eval-batches", "2",     "--data",       corpus_path(),
+                                "--run-dir",      run_dir.string(), "--progress", "off",    "--checkpoint-every",
+                                "4",              "--keep-last",   "10"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// metrics.jsonl without the wall-clock fields (the only ones allowed to differ between runs).
+std::vector<std::string> deterministic_metrics(const fs::path& run_dir) {
+  std::vector<std::string> lines;
+  std::istringstream in(read_file(run_dir / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    auto j = json::parse(line);
+    j.erase("time_s");
+    j.erase("tokens_per_s");
+    lines.push_back(j.dump());
+  }
+  return lines;
+}
+
+// Every tensor and value of two torch archives, recursively, must be identical.
+void expect_archives_equal(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b, const std::string& where) {
+  auto ka = a.keys(), kb = b.keys();
+  std::sort(ka.begin(), ka.end());
+  std::sort(kb.begin(), kb.end());
+  ASSERT_EQ(ka, kb) << where;
+  for (const auto& k : ka) {
+    at::Tensor ta, tb;
+    if (a.try_read(k, ta)) {
+      ASSERT_TRUE(b.try_read(k, tb)) << where << "/" << k;
+      EXPECT_TRUE(ta.sizes() == tb.sizes() && ta.scalar_type() == tb.scalar_type() && torch::equal(ta, tb))
+          << where << "/" << k << " differs";
+      continue;
+    }
+    torch::serialize::InputArchive sa, sb;
+    if (a.try_read(k, sa)) {
+      ASSERT_TRUE(b.try_read(k, sb)) << where << "/" << k;
+      expect_archives_equal(sa, sb, where + "/" + k);
+      continue;
+    }
+    c10::IValue va, vb;
+    ASSERT_TRUE(a.try_read(k, va) && b.try_read(k, vb)) << where << "/" << k;
+    EXPECT_EQ(va, vb) << where << "/" << k;
+  }
+}
+
+void expect_same_file_content(const fs::path& a, const fs::path& b) {
+  torch::serialize::InputArchive x, y;
+  x.load_from(a.string());
+  y.load_from(b.string());
+  expect_archives_equal(x, y, a.filename().string());
+}
+
+void expect_same_checkpoint(const fs::path& a, const fs::path& b, bool with_guards = true) {
+  ASSERT_TRUE(fs::exists(a)) << a;
+  ASSERT_TRUE(fs::exists(b)) << b;
+  expect_same_file_content(a / "model.pt", b / "model.pt");
+  expect_same_file_content(a / "optimizer.pt", b / "optimizer.pt");
+  if (with_guards) expect_same_file_content(a / "guards.pt", b / "guards.pt");
+}
+
+// path -> SHA-256 of every file under dir (to prove nothing was written).
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> s;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) s[fs::relative(e.path(), dir).string()] = sha256_file(e.path().string());
+  return s;
+}
+
+const fs::path& reference_run() {
+  static const fs::path dir = [] {
+    auto d = fresh_dir("reference");
+    const auto r = run(train_args(d));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return d;
+  }();
+  return dir;
+}
+
+}  // namespace
+
+TEST(Trainer, ReferenceRunLearnsAndLogs) {
+  const auto& dir = reference_run();
+  const auto lines = deterministic_metrics(dir);
+  int train_lines = 0, eval_lines = 0;
+  double first_loss = 0, last_eval = 0;
+  for (const auto& l : lines) {
+    auto j = json::parse(l);
+    if (j["type"] == "train") {
+      ++train_lines;
+      EXPECT_EQ(j["step"].get<int64_t>(), train_lines);
+      EXPECT_EQ(j["skipped"], "none");
+      if (train_lines == 1) first_loss = j["loss"].get<double>();
+    } else {
+      ++eval_lines;
+      last_eval = j["val_loss"].get<double>();
+      EXPECT_NEAR(j["val_bpb"].get<double>(), last_eval / std::log(2.0), 1e-12);
+    }
+  }
+  EXPECT_EQ(train_lines, 12);
+  EXPECT_EQ(eval_lines, 3);  // steps 4, 8, 12
+  EXPECT_NEAR(first_loss, std::log(256.0), 0.3);
+  EXPECT_LT(last_eval, first_loss - 0.5);  // 12 steps on a 20-word corpus: clearly learning
+  // keep_last 10: checkpoints 4, 8, 12, all valid.
+  for (int s : {4, 8, 12}) EXPECT_NO_THROW(verify_checkpoint((dir / ("step_" + std::to_string(s))).string()));
+}
+
+TEST(Trainer, ResumeIsBitExact) {
+  const auto dir = fresh_dir("resume");
+  auto r = run(train_args(dir, {"--stop-after", "6"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(dir / "step_6"));
+  ASSERT_FALSE(fs::exists(dir / "step_8"));
+  r = run(train_args(dir, {"--resume"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos);
+  expect_same_checkpoint(reference_run() / "step_12", dir / "step_12");
+  EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
+}
+
+TEST(Trainer, GradAccumulationAdvancesPerOptimizerStep) {
+  const auto dir = fresh_dir("accum");
+  auto r = run(train_args(dir, {"--grad-accum", "3", "--steps", "5", "--eval-every", "5"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  LrSchedule wsd;  // the default schedule
+  int64_t s = 0;
+  for (const auto& l : deterministic_metrics(dir)) {
+    auto j = json::parse(l);
+    if (j["type"] != "train") continue;
+    ++s;
+    EXPECT_EQ(j["step"].get<int64_t>(), s);
+    EXPECT_EQ(j["tokens"].get<int64_t>(), s * 3 * 4 * 32);
+    EXPECT_DOUBLE_EQ(j["lr_factor"].get<double>(), lr_factor(wsd, 5, s));
+  }
+  EXPECT_EQ(s, 5);
+}
+
+TEST(Trainer, NonFiniteStepsAreSkippedThenAbort) {
+  const auto dir = fresh_dir("nonfinite");
+  auto r = run(train_args(dir, {"--steps", "6", "--checkpoint-every", "2", "--inject-nonfinite", "3,4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 3: non-finite loss or gradient norm, step skipped"), std::string::npos) << r.out;
+  for (const auto& l : deterministic_metrics(dir)) {
+    auto j = json::parse(l);
+    if (j["type"] == "train")
+      EXPECT_EQ(j["skipped"], (j["step"] == 3 || j["step"] == 4) ? "nonfinite" : "none") << l;
+  }
+  // Steps 3 and 4 were skipped: params and optimizer state after step 4 are those after step 2.
+  expect_same_checkpoint(dir / "step_2", dir / "step_4", /*with_guards=*/false);
+  // ... and step 5 trains again.
+  torch::serialize::InputArchive a, b;
+  a.load_from((dir / "step_4" / "model.pt").string());
+  b.load_from((dir / "step_6" / "model.pt").string());
+  torch::serialize::InputArchive ha, hb;  // module archives nest: lm_head/weight
+  a.read("lm_head", ha);
+  b.read("lm_head", hb);
+  at::Tensor wa, wb;
+  ha.read("weight", wa);
+  hb.read("weight", wb);
+  EXPECT_FALSE(torch::equal(wa, wb));
+
+  const auto dir2 = fresh_dir("nonfinite_abort");
+  r = run(train_args(dir2, {"--inject-nonfinite", "3,4,5,6", "--max-nonfinite", "3"}));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("aborting at step 5: 3 consecutive steps with a non-finite loss"), std::string::npos) << r.err;
+}
+
+TEST(Trainer, SigkillDuringCheckpointingThenResume) {
+  const auto dir = fresh_dir("sigkill");
+  fs::create_directories(dir);
+  const auto out = scratch_root() / "kill.out", err = scratch_root() / "kill.err";
+  // A checkpoint every step, so most of the wall time is spent inside checkpoint writes.
+  // inotify reports the creation of step_N.tmp at once: the kill lands while its files are
+  // being written (polling the directory is too slow to catch a write of a few milliseconds).
+  const int watch = ::inotify_init1(IN_NONBLOCK);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(::inotify_add_watch(watch, dir.c_str(), IN_CREATE), 0);
+  const pid_t pid = spawn(train_args(dir, {"--checkpoint-every", "1", "--keep-last", "2"}), {}, out, err);
+  bool killed = false;
+  std::string killed_at;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    pollfd pfd{watch, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) {
+      if (::waitpid(pid, nullptr, WNOHANG) != 0) break;  // ended without being killed
+      continue;
+    }
+    alignas(inotify_event) char buf[4096];
+    const ssize_t n = ::read(watch, buf, sizeof(buf));
+    for (ssize_t off = 0; n > 0 && off < n && !killed;) {
+      const auto* ev = reinterpret_cast<const inotify_event*>(buf + off);
+      const std::string name = ev->len ? ev->name : "";
+      // Kill while the checkpoint of step >= 5 is being written (its step_N.tmp just appeared).
+      std::smatch m;
+      static const std::regex publishing(R"(step_(\d+)\.tmp)");
+      if (std::regex_match(name, m, publishing) && std::stoll(m[1]) >= 5) {
+        ::kill(pid, SIGKILL);
+        killed = true;
+        killed_at = name;
+      }
+      off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+    }
+  }
+  ::close(watch);
+  const auto r = wait_for(pid, out, err);
+  ASSERT_TRUE(killed) << "never saw a checkpoint being written: " << r.err;
+  ASSERT_EQ(r.signal, SIGKILL) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir / killed_at)) << killed_at << " was published or removed before the kill landed";
+  // What is left: complete checkpoints and at most a stale .tmp, never a half-published step_N.
+  int complete = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name.find(".tmp") == std::string::npos) {
+      EXPECT_NO_THROW(verify_checkpoint(e.path().string())) << name;
+      ++complete;
+    }
+  }
+  EXPECT_GE(complete, 1);
+  const auto resumed = run(train_args(dir, {"--checkpoint-every", "1", "--keep-last", "2", "--resume"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  expect_same_checkpoint(reference_run() / "step_12", dir / "step_12");
+  EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
+}
+
+TEST(Trainer, InjectedCrashAtEveryCheckpointStageThenResume) {
+  const auto base = fresh_dir("stages_base");
+  auto r = run(train_args(base, {"--stop-after", "4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& stage : kCheckpointFaultStages) {
+    SCOPED_TRACE(stage);
+    const auto dir = fresh_dir("stage_" + stage);
+    fs::copy(base, dir, fs::copy_options::recursive);
+    // Resume and crash while writing the checkpoint of step 8.
+    r = run(train_args(dir, {"--resume"}), {{"ORTHOPT_FAULT_CHECKPOINT", stage}});
+    ASSERT_EQ(r.exit_code, 137) << r.err;
+    auto latest = latest_valid_checkpoint(dir.string());
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(fs::path(*latest).filename(), stage == "after_rename" ? "step_8" : "step_4");
+    r = run(train_args(dir, {"--resume"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    expect_same_checkpoint(reference_run() / "step_12", dir / "step_12");
+    EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
+  }
+}
+
+TEST(Trainer, BadInputGivesClearErrorsAndWritesNothing) {
+  auto expect_error = [](const Result& r, const std::string& needle) {
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  };
+  const auto none = fresh_dir("never_created");
+  expect_error(run(train_args(none, {"--bogus-flag", "1"})), "--bogus-flag");
+  expect_error(run(train_args(none, {"--steps", "0"})), "steps: must be in [1");
+  expect_error(run(train_args(none, {"--batch-size", "four"})), "--batch-size: expected an integer");
+  expect_error(run(train_args(none, {"--lr", "-1"})), "lr: must be in [0, 10]");
+  expect_error(run(train_args(none, {"--algorithm", "sgd"})), "algorithm: unknown 'sgd'");
+  expect_error(run(train_args(none, {"--schedule", "linear"})), "schedule");
+  expect_error(run(train_args(none, {"--data", (scratch_root() / "nope.txt").string()})), "does not exist");
+  EXPECT_FALSE(fs::exists(none));
+
+  // A run to resume from (checkpoint at step 4).
+  const auto dir = fresh_dir("errors");
+  auto r = run(train_args(dir, {"--stop-after", "4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto before = snapshot(dir);
+  expect_error(run(train_args(dir, {"--resume", "--lr", "0.05"})), "config mismatch");
+  EXPECT_EQ(snapshot(dir), before);
+  expect_error(run(train_args(dir)), "already holds a run");
+  EXPECT_EQ(snapshot(dir), before);
+
+  // Corrupt one byte of the only checkpoint.
+  {
+    std::fstream f(dir / "step_4" / "optimizer.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char ch;
+    f.read(&ch, 1);
+    ch = static_cast<char>(ch ^ 0x5a);
+    f.seekp(100);
+    f.write(&ch, 1);
+  }
+  before = snapshot(dir);
+  expect_error(run(train_args(dir, {"--resume"})), "corrupted");
+  EXPECT_EQ(snapshot(dir), before);
+
+  // Config file: unknown keys are errors; flags override the file's values.
+  const auto cfg_bad = scratch_root() / "bad.json";
+  std::ofstream(cfg_bad) << R"({"steps": 3, "learning_rate": 0.1})";
+  expect_error(run(train_args(fresh_dir("cfg_bad"), {"--config", cfg_bad.string()})), "unknown key 'learning_rate'");
+  const auto cfg = scratch_root() / "good.json";
+  std::ofstream(cfg) << R"({"steps": 3, "lr": 0.013, "eval_every": 1})";
+  const auto cdir = fresh_dir("cfg");
+  std::vector<std::string> args = train_args(cdir);
+  args.insert(args.end(), {"--config", cfg.string(), "--steps", "2"});
+  r = run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto written = json::parse(read_file(cdir / "config.json"));
+  EXPECT_EQ(written["steps"], 2);     // the flag won over the file
+  EXPECT_EQ(written["lr"], 0.013);    // the file's value was used
+  EXPECT_EQ(written["eval_every"], 4);  // train_args' flag won over the file
+}
+
+TEST(Trainer, CompareWritesTablesAndPlot) {
+  const auto dir = fresh_dir("compare");
+  const char* src = std::getenv("ORTHOPT_SOURCE_DIR");
+  ASSERT_TRUE(src) << "ORTHOPT_SOURCE_DIR is set by ctest";
+  auto r = run({"compare", "--preset", "tiny", "--context", "32", "--batch-size", "4", "--steps", "6",
+                "--eval-every", "3", "--eval-batches", "2", "--data", corpus_path(), "--algorithms", "adamw,muon",
+                "--run-dir", dir.string(), "--plot-script", std::string(src) + "/scripts/plot_compare.py"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string csv = read_file(dir / "compare.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;  // header + 2 optimizers
+  EXPECT_NE(csv.find("\nadamw,"), std::string::npos);
+  EXPECT_NE(csv.find("\nmuon,"), std::string::npos);
+  EXPECT_NE(read_file(dir / "compare.md").find("| muon |"), std::string::npos);
+  const std::string png = read_file(dir / "compare.png");
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  // The curves hold both optimizers' evaluations at steps 3 and 6.
+  const std::string curves = read_file(dir / "curves.csv");
+  EXPECT_NE(curves.find("adamw,1,6,"), std::string::npos);
+  EXPECT_NE(curves.find("muon,1,3,"), std::string::npos);
+  // A second comparison into the same directory is refused.
+  r = run({"compare", "--steps", "2", "--data", corpus_path(), "--run-dir", dir.string(), "--no-plot"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("already holds a comparison"), std::string::npos) << r.err;
+}
