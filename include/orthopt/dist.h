@@ -213,6 +213,11 @@ int launch_local(int nproc, const std::vector<std::string>& argv,
 // Debian's libgloo-dev; pip torch ships none) or "nccl" (CUDA build with nccl.h).
 bool backend_available(const std::string& backend);
 
+// This process's command line (from /proc/self/cmdline, argv[0] replaced by /proc/self/exe)
+// without the options in `drop` and their values ("--nproc 4" and "--nproc=4" alike): what
+// a `--nproc N` command hands to launch_local to start its ranks.
+std::vector<std::string> relaunch_argv(const std::vector<std::string>& drop);
+
 // A free TCP port on 127.0.0.1 (bound and released; another process may take it meanwhile).
 int find_free_port();
 

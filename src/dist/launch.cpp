@@ -13,6 +13,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -181,6 +183,32 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     return first_code != 0 ? first_code : 1;
   }
   return 0;
+}
+
+std::vector<std::string> relaunch_argv(const std::vector<std::string>& drop) {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  TORCH_CHECK(in, "relaunch_argv: cannot read /proc/self/cmdline");
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  TORCH_CHECK(!args.empty(), "relaunch_argv: empty command line");
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) args[0] = exe.string();
+  std::vector<std::string> out{args[0]};
+  for (size_t i = 1; i < args.size(); ++i) {
+    bool dropped = false;
+    for (const auto& d : drop) {
+      if (args[i] == d) {
+        ++i;  // and its value
+        dropped = true;
+      } else if (args[i].rfind(d + "=", 0) == 0) {
+        dropped = true;
+      }
+      if (dropped) break;
+    }
+    if (!dropped) out.push_back(args[i]);
+  }
+  return out;
 }
 
 }  // namespace orthopt::dist
