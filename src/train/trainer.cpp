@@ -367,7 +367,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
       write_file_atomically((fs::path(staging) / fmt::format("sampler_{}.txt", ctx->rank())).string(), sampler.state());
       ctx->barrier();
       for (int64_t r = 0; r < world; ++r)
-        for (const std::string name : {fmt::format("optim_shard_{}.pt", r), fmt::format("optim_shard_{}.json", r),
+        for (const std::string& name : {fmt::format("optim_shard_{}.pt", r), fmt::format("optim_shard_{}.json", r),
                                        fmt::format("sampler_{}.txt", r)})
           files.push_back({name, [staging, name](const std::string& p) { fs::copy_file(fs::path(staging) / name, p); }});
     }
