@@ -450,3 +450,32 @@ TEST(Trainer, CompareWritesTablesAndPlot) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("already holds a comparison"), std::string::npos) << r.err;
 }
+
+TEST(Trainer, MoEResumeIsBitExactAndBiasesMove) {
+  const std::vector<std::string> moe = {"--n-experts", "4", "--top-k", "2", "--router-z-loss", "1e-3", "--steps", "6",
+                                        "--eval-every", "3", "--checkpoint-every", "3", "--router-bias-rate", "0.01"};
+  const auto full = fresh_dir("moe_full");
+  auto r = run(train_args(full, moe));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto split = fresh_dir("moe_split");
+  std::vector<std::string> stop = moe;
+  stop.insert(stop.end(), {"--stop-after", "3"});
+  r = run(train_args(split, stop));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> resume = moe;
+  resume.push_back("--resume");
+  r = run(train_args(split, resume));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_checkpoint(full / "step_6", split / "step_6");  // includes the router biases (buffers)
+  EXPECT_EQ(deterministic_metrics(full), deterministic_metrics(split));
+  // Six balancing updates of ±0.01 (or 0 for an expert exactly at the mean load).
+  torch::serialize::InputArchive a, blocks, block0, moe_archive;
+  a.load_from((full / "step_6" / "model.pt").string());
+  a.read("blocks", blocks);
+  blocks.read("0", block0);
+  block0.read("moe", moe_archive);
+  at::Tensor bias;
+  moe_archive.read("bias", bias, /*is_buffer=*/true);
+  EXPECT_GT(bias.abs().max().item<double>(), 0.005);
+  EXPECT_LE(bias.abs().max().item<double>(), 0.06 + 1e-6);
+}
