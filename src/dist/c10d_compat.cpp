@@ -20,6 +20,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+// Declares c10d::Backend (2.x) / c10d::ProcessGroup (1.13), Work and the option structs even
+// when neither backend header is usable (a CPU-only build without gloo headers).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <c10/util/Exception.h>
