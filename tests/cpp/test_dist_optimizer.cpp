@@ -155,12 +155,23 @@ Launch launch(int nproc, const std::string& scenario, const std::string& out,
 #define REQUIRE_GLOO()                                                                     \
   if (!dist::backend_available("gloo")) GTEST_SKIP() << "this build has no c10d Gloo backend"
 
+fs::path scratch_root() { return fs::temp_directory_path() / ("orthopt_test_dist_" + std::to_string(::getpid())); }
+
 std::string fresh_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("orthopt_test_dist_" + std::to_string(::getpid()) + "_" + name);
+  auto d = scratch_root() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
 }
+
+// Scratch directories stay for inspection when a test failed, and go otherwise.
+class RemoveScratchOnSuccess : public testing::Environment {
+ public:
+  void TearDown() override {
+    if (!testing::UnitTest::GetInstance()->Failed()) fs::remove_all(scratch_root());
+  }
+};
+testing::Environment* const kScratchCleanup = testing::AddGlobalTestEnvironment(new RemoveScratchOnSuccess);
 
 std::vector<at::Tensor> load_tensors(const std::string& path) {
   std::vector<at::Tensor> v;

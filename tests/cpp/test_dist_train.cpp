@@ -88,6 +88,15 @@ std::vector<json> metrics(const fs::path& run_dir) {
   return out;
 }
 
+// Scratch directories stay for inspection when a test failed, and go otherwise.
+class RemoveScratchOnSuccess : public testing::Environment {
+ public:
+  void TearDown() override {
+    if (!testing::UnitTest::GetInstance()->Failed()) fs::remove_all(scratch());
+  }
+};
+testing::Environment* const kScratchCleanup = testing::AddGlobalTestEnvironment(new RemoveScratchOnSuccess);
+
 #define REQUIRE_BIN_AND_GLOO()                                                          \
   if (!std::getenv("ORTHOPT_BIN")) GTEST_SKIP() << "ORTHOPT_BIN not set (run through ctest)"; \
   if (!orthopt::dist::backend_available("gloo")) GTEST_SKIP() << "this build has no c10d Gloo backend"
