@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "orthopt/dist.h"
 #include "orthopt/train/config.h"
 #include "orthopt/train/guards.h"
 #include "orthopt/train/trainer.h"
@@ -131,6 +132,7 @@ json convert(const FlagSpec& spec, const std::string& text) {
 struct TrainArgs {
   std::string config_file;
   bool resume = false;
+  int nproc = 1;  // --nproc: local data-parallel ranks
   std::map<std::string, std::string> values;  // key -> text given on the command line
   std::map<std::string, CLI::Option*> options;
 };
@@ -159,6 +161,9 @@ TrainConfig build_config(const TrainArgs& args, const json& defaults) {
 
 int run_train(const TrainArgs& args) {
   const TrainConfig cfg = build_config(args, json::object());
+  // --nproc N: this process becomes the launcher of N ranks (each runs this command without
+  // --nproc, with RANK/WORLD_SIZE/MASTER_* set; docs/distributed.md).
+  if (args.nproc > 1 && !std::getenv("RANK")) return dist::launch_local(args.nproc, dist::relaunch_argv({"--nproc"}));
   try {
     train::train(cfg, std::cout);
   } catch (const train::NonFiniteAbort& e) {
@@ -234,6 +239,9 @@ void register_train(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("train", "Train the byte-level transformer (docs/training.md)");
   add_config_flags(cmd, *args, {});
   cmd->add_flag("--resume", args->resume, "continue from the newest valid checkpoint in --run-dir");
+  cmd->add_option("--nproc", args->nproc, "data-parallel: run N local ranks (c10d Gloo/NCCL), each on its own "
+                                          "micro-batches; the global batch is N x batch_size")
+      ->check(CLI::Range(1, 1024));
   cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 
   auto cargs = std::make_shared<CompareArgs>();

@@ -10,6 +10,7 @@ namespace orthopt::cli {
 using Action = std::function<int()>;
 
 void register_bench(CLI::App& app, Action& action);
+void register_dist(CLI::App& app, Action& action);  // launch, dist-step (cli/cmd_dist.cpp)
 void register_train(CLI::App& app, Action& action);  // train and compare
 
 }  // namespace orthopt::cli

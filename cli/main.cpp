@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   orthopt::cli::Action action;
   orthopt::cli::register_bench(app, action);
+  orthopt::cli::register_dist(app, action);
   orthopt::cli::register_train(app, action);
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas0-pthread          # without it Debian's torch uses the ~25x slower reference BLAS
   libgtest-dev libgmock-dev python3-pytest python3-numpy
   nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev   # libssl: SHA-256 of checkpoints
+  libgloo-dev                   # headers of c10d::ProcessGroupGloo (distributed training)
   python3-matplotlib            # plots of orthopt compare
   bible-kjv bible-kjv-text      # default training corpus
 )

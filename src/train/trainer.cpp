@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -21,6 +22,7 @@
 #include <sstream>
 
 #include "orthopt/optim.h"
+#include "orthopt/dist.h"
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/data.h"
 #include "orthopt/train/guards.h"
@@ -158,12 +160,28 @@ std::vector<std::pair<int64_t, std::string>> step_dirs(const std::string& run_di
 
 }  // namespace
 
-TrainResult train(const TrainConfig& config, std::ostream& log) {
+TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   validate(config);
   TrainConfig c = config;
   if (c.lr == 0.0) c.lr = default_matrix_lr(c.algorithm);  // the hash sees the lr actually used
   const ModelConfig mcfg = model_config_of(c);
   const c10::Device device = pick_device(c.device);
+
+  // ---- data parallel (`--nproc N` or an external launcher setting WORLD_SIZE; docs/distributed.md):
+  // every rank holds the model, trains on its own micro-batches; rank 0 ("lead") alone writes
+  // the run directory and logs.
+  std::shared_ptr<dist::DistContext> ctx;
+  if (std::getenv("WORLD_SIZE")) {
+    dist::DistOptions o;
+    o.device = device;
+    ctx = std::make_shared<dist::DistContext>(o);
+    TORCH_CHECK(mcfg.n_experts == 0, "distributed training (WORLD_SIZE/--nproc) does not support MoE yet: the "
+                "router-bias update uses per-rank load statistics");
+  }
+  const bool lead = !ctx || ctx->rank() == 0;
+  const int64_t world = ctx ? ctx->world_size() : 1;
+  std::ostream null_stream(nullptr);
+  std::ostream& log = lead ? log_arg : null_stream;
   const bool autocast = device.is_cuda() && c.bf16;
 
   // ---- data ----
@@ -199,16 +217,23 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
     TORCH_CHECK(existing.empty() && !fs::exists(metrics_path, ec), "run_dir '", c.run_dir,
                 "' already holds a run; pass --resume to continue it or choose another --run-dir");
   }
-  fs::create_directories(c.run_dir);
-  if (!resume_from) write_file_atomically((fs::path(c.run_dir) / "config.json").string(), to_json(c).dump(2) + "\n");
+  if (ctx) ctx->barrier();  // every rank has checked the run directory before the lead writes
+  if (lead) fs::create_directories(c.run_dir);
+  if (lead && !resume_from) write_file_atomically((fs::path(c.run_dir) / "config.json").string(), to_json(c).dump(2) + "\n");
 
   // ---- model, optimizer, guards, sampler ----
   torch::manual_seed(c.seed);
   Transformer model(mcfg);
   model->to(device);
   std::vector<at::Tensor> params = model->parameters();
-  Optimizer optimizer(make_param_groups(model, c));
-  BatchSampler sampler(corpus.train, c.batch_size, mcfg.context, c.seed);
+  // One of the two: the single-process optimizer, or the distributed one (same math, state
+  // sharded over the ranks).
+  std::unique_ptr<Optimizer> single;
+  std::unique_ptr<dist::DistributedOptimizer> distributed;
+  if (ctx) distributed = std::make_unique<dist::DistributedOptimizer>(make_param_groups(model, c), ctx);
+  else single = std::make_unique<Optimizer>(make_param_groups(model, c));
+  // Rank r draws its own micro-batches (rank 0 the single-process ones).
+  BatchSampler sampler(corpus.train, c.batch_size, mcfg.context, c.seed + 1000003ULL * static_cast<uint64_t>(lead ? 0 : ctx->rank()));
   SpikeGuard spike_guard(c.spike_window, c.spike_sigma, device);
   NonFiniteFirewall firewall(static_cast<int>(c.max_nonfinite));
   const auto val_batches = eval_batches(corpus.val, c.batch_size, mcfg.context, c.eval_batches);
@@ -218,7 +243,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
   result.n_params = model->num_parameters();
   int64_t step = 0;        // optimizer steps consumed (the schedule position)
   int64_t tokens_seen = 0;
-  const int64_t tokens_per_step = c.batch_size * c.grad_accum * mcfg.context;
+  const int64_t tokens_per_step = c.batch_size * c.grad_accum * mcfg.context * world;
 
   if (resume_from) {
     const std::string dir = *resume_from;
@@ -227,10 +252,16 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
       a.load_from((fs::path(dir) / "model.pt").string(), device);
       model->load(a);
     }
-    {
+    if (distributed) {
+      TORCH_CHECK(fs::exists(fs::path(dir) / "optim_shard_0.json"), "--resume: ", dir,
+                  " was written by a single-process run; resume it without --nproc");
+      distributed->load_shards(dir);  // any world size: re-shards
+    } else {
+      TORCH_CHECK(fs::exists(fs::path(dir) / "optimizer.pt"), "--resume: ", dir,
+                  " was written by a distributed run; resume it with --nproc");
       torch::serialize::InputArchive a;
       a.load_from((fs::path(dir) / "optimizer.pt").string(), device);
-      optimizer.load(a);
+      single->load(a);
     }
     {
       torch::serialize::InputArchive a;
@@ -246,20 +277,27 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
     const json& x = meta.extra;
     step = meta.step;
     tokens_seen = meta.tokens_seen;
-    sampler.set_state(x.at("sampler").get<std::string>());
+    if (lead) {
+      sampler.set_state(x.at("sampler").get<std::string>());
+    } else if (fs::exists(fs::path(dir) / fmt::format("sampler_{}.txt", ctx->rank()))) {
+      sampler.set_state(read_whole_file((fs::path(dir) / fmt::format("sampler_{}.txt", ctx->rank())).string()));
+    } else {
+      log_arg << "rank " << ctx->rank() << ": the checkpoint has no sampler state for this rank (other world "
+              << "size): its micro-batches start afresh\n";
+    }
     result.skipped_nonfinite = x.at("skipped_nonfinite").get<int64_t>();
     result.skipped_spike = x.at("skipped_spike").get<int64_t>();
     for (const auto& e : x.at("evals")) result.evals.push_back({e.at(0).get<int64_t>(), e.at(1).get<double>()});
     // The metrics of the resumed run are those up to the checkpoint: lines written after it by
     // the interrupted process are replaced by what this process recomputes.
-    write_file_atomically(metrics_path, read_whole_file((fs::path(dir) / "metrics.jsonl").string()));
+    if (lead) write_file_atomically(metrics_path, read_whole_file((fs::path(dir) / "metrics.jsonl").string()));
     log << "resumed from " << dir << " at step " << step << "\n";
   } else {
     // Fresh start (with --resume: a crash before the first checkpoint): no stale lines.
-    write_file_atomically(metrics_path, "");
+    if (lead) write_file_atomically(metrics_path, "");
     if (c.resume) log << "no valid checkpoint in " << c.run_dir << ": starting from step 0\n";
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
+  std::ofstream metrics(lead ? metrics_path : std::string("/dev/null"), std::ios::app);
   TORCH_CHECK(metrics, "cannot open ", metrics_path, " for appending");
 
   const bool tty = c.progress == "on" || (c.progress == "auto" && &log == &std::cout && ::isatty(STDOUT_FILENO));
@@ -294,10 +332,10 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
     for (const auto& e : result.evals) evals.push_back({e.step, e.val_loss});
     m.extra = {{"sampler", sampler.state()}, {"skipped_nonfinite", result.skipped_nonfinite},
                {"skipped_spike", result.skipped_spike}, {"evals", evals}, {"schedule_t", step},
-               {"optimizer_steps", optimizer.step_count()}};
+               {"optimizer_steps", distributed ? distributed->step_count() : single->step_count()}};
     std::vector<std::pair<std::string, CheckpointFileWriter>> files = {
         {"model.pt", [&](const std::string& p) { torch::serialize::OutputArchive a; model->save(a); a.save_to(p); }},
-        {"optimizer.pt", [&](const std::string& p) { torch::serialize::OutputArchive a; optimizer.save(a); a.save_to(p); }},
+        {"optimizer.pt", [&](const std::string& p) { torch::serialize::OutputArchive a; single->save(a); a.save_to(p); }},
         {"guards.pt",
          [&](const std::string& p) {
            torch::serialize::OutputArchive a;
@@ -314,8 +352,31 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
          }},
         {"metrics.jsonl", [&](const std::string& p) { std::ofstream(p, std::ios::binary) << read_whole_file(metrics_path); }},
     };
-    write_checkpoint(c.run_dir, step, files, m);
-    prune_checkpoints(c.run_dir, static_cast<int>(c.keep_last));
+    std::string staging;
+    if (distributed) {
+      // Every rank's optimizer shard and sampler state go through a staging directory; the
+      // lead's writer copies them in, so they are checksummed and published with the rest.
+      files.erase(std::find_if(files.begin(), files.end(), [](const auto& f) { return f.first == "optimizer.pt"; }));
+      staging = (fs::path(c.run_dir) / fmt::format(".dist_staging_{}", step)).string();
+      if (lead) {
+        fs::remove_all(staging);
+        fs::create_directories(staging);
+      }
+      ctx->barrier();
+      distributed->save_shard(staging);
+      write_file_atomically((fs::path(staging) / fmt::format("sampler_{}.txt", ctx->rank())).string(), sampler.state());
+      ctx->barrier();
+      for (int64_t r = 0; r < world; ++r)
+        for (const std::string& name : {fmt::format("optim_shard_{}.pt", r), fmt::format("optim_shard_{}.json", r),
+                                       fmt::format("sampler_{}.txt", r)})
+          files.push_back({name, [staging, name](const std::string& p) { fs::copy_file(fs::path(staging) / name, p); }});
+    }
+    if (lead) {
+      write_checkpoint(c.run_dir, step, files, m);
+      prune_checkpoints(c.run_dir, static_cast<int>(c.keep_last));
+      if (!staging.empty()) fs::remove_all(staging);
+    }
+    if (ctx) ctx->barrier();  // published before any rank goes on (or exits)
   };
 
   model->train();
@@ -326,7 +387,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
   while (step < end_step) {
     const int64_t s = step + 1;  // 1-based number of the step being taken
     const auto t_step = Clock::now();
-    optimizer.zero_grad();
+    if (distributed) distributed->zero_grad();
+    else single->zero_grad();
     at::Tensor loss_lm = at::zeros({}, at::TensorOptions().device(device));
     at::Tensor loss_total = at::zeros({}, at::TensorOptions().device(device));
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
@@ -343,7 +405,15 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
       loss_total = loss_total + objective.detach();
     }
     tokens_seen += tokens_per_step;
-    const at::Tensor grad_norm = global_grad_norm(params);
+    if (ctx) {  // the global batch's loss: the guards must decide alike on every rank
+      at::Tensor both = at::stack({loss_lm, loss_total});
+      ctx->all_reduce_sum(both);
+      both.div_(static_cast<double>(world));
+      loss_lm = both[0];
+      loss_total = both[1];
+    }
+    // Distributed: the norm of the rank-averaged gradient, reduced into this rank's shard.
+    const at::Tensor grad_norm = distributed ? distributed->reduce_gradients() : global_grad_norm(params);
     json line = {{"type", "train"}, {"step", s}};
     std::string skipped = "none";
     const double factor = lr_factor(c.schedule, c.steps, s);
@@ -357,10 +427,17 @@ TrainResult train(const TrainConfig& config, std::ostream& log) {
     } else {
       const auto t_opt = Clock::now();
       const at::Tensor apply = spike_guard.observe(loss_total, grad_norm);
-      optimizer.set_skip_factor(apply);
-      clip_grad_norm(params, c.clip, grad_norm);
-      optimizer.set_lr_scale(factor);
-      optimizer.step();
+      if (distributed) {
+        distributed->set_skip_factor(apply);
+        clip_grad_norm(distributed->owned_params(), c.clip, grad_norm);
+        distributed->set_lr_scale(factor);
+        distributed->apply_update();
+      } else {
+        single->set_skip_factor(apply);
+        clip_grad_norm(params, c.clip, grad_norm);
+        single->set_lr_scale(factor);
+        single->step();
+      }
       model->update_router_biases(apply);
       sync_device(device);
       opt_seconds += seconds_since(t_opt);

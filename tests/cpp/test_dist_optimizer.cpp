@@ -1,0 +1,544 @@
+// Distributed optimizer on c10d Gloo, 1–3 processes on localhost.
+//
+// The test binary is its own worker: a test spawns ranks with dist::launch_local(N, [this
+// binary, --gtest_filter=DistWorker.Entry]) and ORTHOPT_DIST_SCENARIO set; DistWorker.Entry
+// runs one rank of that scenario and writes its results into ORTHOPT_DIST_OUT. The parent then
+// compares them with a single-process orthopt::Optimizer on the same global batch.
+//
+// Reference: the 1-process orthopt::Optimizer (its own math is checked against fp64 references
+// in the optim tests). What is under test here is the distribution: layout, padding, ownership,
+// reduce-scatter/all-gather, state sharding and re-sharding.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "orthopt/dist.h"
+#include "orthopt/optim.h"
+
+namespace fs = std::filesystem;
+using namespace orthopt;
+
+namespace {
+
+std::string env(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+at::Generator gen(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+// The test model: three groups with uneven banks.
+//   Muon:  5×[16,24] (bank of 5: 3+2 on N=2, 2+2+1 on N=3), 2×[24,16], one [3,16,16] expert
+//          stack plus one [16,16] (a bank of 4 whose stack straddles ranks at N=3), one [20,20]
+//          (bank of 1: empty shards on the other ranks).
+//   Dion3: 4×[32,16] and one [16,48], f = 0.25.
+//   AdamW: [50], [7,9], [13]: 176 elements, sharded by element (88/88, 59/59/58).
+std::vector<ParamGroup> make_groups(uint64_t seed) {
+  auto g = gen(seed);
+  auto make = [&](std::vector<int64_t> shape) { return at::randn(shape, g).mul_(0.5); };
+  ParamGroup muon, dion3, adamw;
+  muon.options.algorithm = Algorithm::Muon;
+  muon.options.lr = 0.02;
+  for (int i = 0; i < 5; ++i) muon.params.push_back(make({16, 24}));
+  muon.params.push_back(make({24, 16}));
+  muon.params.push_back(make({3, 16, 16}));
+  muon.params.push_back(make({20, 20}));
+  muon.params.push_back(make({24, 16}));
+  muon.params.push_back(make({16, 16}));
+  dion3.options.algorithm = Algorithm::Dion3;
+  dion3.options.lr = 0.03;
+  dion3.options.fraction = 0.25;
+  for (int i = 0; i < 4; ++i) dion3.params.push_back(make({32, 16}));
+  dion3.params.push_back(make({16, 48}));
+  adamw.options.algorithm = Algorithm::AdamW;
+  adamw.options.lr = 3e-3;
+  adamw.params = {make({50}), make({7, 9}), make({13})};
+  return {muon, dion3, adamw};
+}
+
+// The local gradient of `rank` at `step`: multiples of 1/256 in [-1/4, 1/4), so sums over up
+// to 3 ranks are exact in fp32 and the averaged global gradient is bit-identical however the
+// collective orders its additions.
+at::Tensor local_grad(const at::Tensor& p, int64_t step, int64_t rank, int64_t index) {
+  auto g = gen(100000 + 1000 * step + 37 * rank + index);
+  return at::randint(-64, 64, p.sizes(), g, at::kFloat).div_(256);
+}
+
+std::vector<at::Tensor> all_params(const std::vector<ParamGroup>& groups) {
+  std::vector<at::Tensor> out;
+  for (const auto& g : groups)
+    for (const auto& p : g.params) out.push_back(p);
+  return out;
+}
+
+void set_local_grads(const std::vector<ParamGroup>& groups, int64_t step, int64_t rank) {
+  int64_t i = 0;
+  for (const auto& g : groups)
+    for (auto p : g.params) p.mutable_grad() = local_grad(p, step, rank, i++);
+}
+
+// The 1-process run on the global batch: gradient = mean of the ranks' local gradients.
+std::vector<at::Tensor> reference_run(int world, int64_t steps, int64_t* state_bytes = nullptr) {
+  auto groups = make_groups(7);
+  Optimizer opt(groups);
+  for (int64_t s = 0; s < steps; ++s) {
+    int64_t i = 0;
+    for (const auto& g : groups)
+      for (auto p : g.params) {
+        at::Tensor sum = at::zeros_like(p);
+        for (int r = 0; r < world; ++r) sum.add_(local_grad(p, s, r, i));
+        p.mutable_grad() = sum.div_(world);
+        ++i;
+      }
+    opt.step();
+  }
+  if (state_bytes) *state_bytes = opt.state_bytes();
+  return all_params(groups);
+}
+
+// Relative Frobenius error per parameter. Both sides run the same fp32 operations; only the
+// batching of the Newton–Schulz products differs (one [n,m,k] bank slice vs the optimizer's
+// own stacking), which changes results at the level of fp32 rounding (~1e-7 relative), far
+// below the 1e-6 bound; a layout or ownership bug gives O(1) errors.
+void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what << " param " << i;
+    const double rel = (got[i].to(at::kDouble) - want[i].to(at::kDouble)).norm().item<double>() /
+                       want[i].to(at::kDouble).norm().item<double>();
+    EXPECT_LE(rel, 1e-6) << what << ": param " << i << " relative error " << rel;
+    worst = std::max(worst, rel);
+  }
+  std::cout << what << ": largest relative error " << worst << "\n";
+}
+
+std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
+
+struct Launch {
+  int rc;
+  double seconds;
+  std::string err;
+};
+
+// Runs `nproc` ranks of `scenario` with results in `out`.
+Launch launch(int nproc, const std::string& scenario, const std::string& out,
+              const std::vector<std::pair<std::string, std::string>>& extra_env = {},
+              std::chrono::milliseconds grace = std::chrono::seconds(5)) {
+  ::setenv("ORTHOPT_DIST_SCENARIO", scenario.c_str(), 1);
+  ::setenv("ORTHOPT_DIST_OUT", out.c_str(), 1);
+  ::setenv("OMP_NUM_THREADS", "1", 1);  // N ranks share 2 cores
+  for (const auto& [k, v] : extra_env) ::setenv(k.c_str(), v.c_str(), 1);
+  testing::internal::CaptureStderr();
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = dist::launch_local(nproc, {self_exe(), "--gtest_filter=DistWorker.Entry"}, grace);
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string err = testing::internal::GetCapturedStderr();
+  for (const auto& kv : extra_env) ::unsetenv(kv.first.c_str());
+  ::unsetenv("ORTHOPT_DIST_SCENARIO");
+  return {rc, sec, err};
+}
+
+// The multi-process tests run on Gloo; a build without Gloo headers (pip torch on the GPU
+// machine) cannot create that backend.
+#define REQUIRE_GLOO()                                                                     \
+  if (!dist::backend_available("gloo")) GTEST_SKIP() << "this build has no c10d Gloo backend"
+
+fs::path scratch_root() { return fs::temp_directory_path() / ("orthopt_test_dist_" + std::to_string(::getpid())); }
+
+std::string fresh_dir(const std::string& name) {
+  auto d = scratch_root() / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// Scratch directories stay for inspection when a test failed, and go otherwise.
+class RemoveScratchOnSuccess : public testing::Environment {
+ public:
+  void TearDown() override {
+    if (!testing::UnitTest::GetInstance()->Failed()) fs::remove_all(scratch_root());
+  }
+};
+testing::Environment* const kScratchCleanup = testing::AddGlobalTestEnvironment(new RemoveScratchOnSuccess);
+
+std::vector<at::Tensor> load_tensors(const std::string& path) {
+  std::vector<at::Tensor> v;
+  torch::load(v, path);
+  return v;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Expected optimizer-state bytes of the pieces one rank owns (fp32 state):
+// Muon momentum m·k; Dion3 momentum m·k + variance m; AdamW exp_avg + exp_avg_sq per element
+// plus one 0-d step per local parameter.
+int64_t expected_state_bytes(const dist::DistributedOptimizer& opt) {
+  int64_t b = 0;
+  for (const auto& p : opt.owned_pieces()) {
+    const int64_t n = p.end - p.begin;
+    if (n <= 0) continue;
+    switch (opt.param_groups()[p.group].options.algorithm) {
+      case Algorithm::Muon: b += 4 * n * p.rows * p.cols; break;
+      case Algorithm::Dion3: b += 4 * n * (p.rows * p.cols + p.rows); break;
+      case Algorithm::AdamW: b += 4 * (2 * n + 1); break;
+      default: ADD_FAILURE() << "unexpected algorithm";
+    }
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------- worker side
+
+void write_params(const std::vector<ParamGroup>& groups, const std::string& path) {
+  torch::save(all_params(groups), path);
+}
+
+void run_worker(const std::string& scenario, const std::string& out) {
+  auto ctx = std::make_shared<dist::DistContext>();
+  const int rank = ctx->rank(), world = ctx->world_size();
+  const std::string tag = std::to_string(rank);
+
+  if (scenario == "equal") {
+    // Ranks > 0 start from different values: the constructor must broadcast rank 0's.
+    auto groups = make_groups(rank == 0 ? 7 : 7 + rank);
+    dist::DistributedOptimizer opt(groups, ctx);
+    for (int64_t s = 0; s < 3; ++s) {
+      set_local_grads(groups, s, rank);
+      opt.step();
+    }
+    write_params(groups, out + "/params_" + tag + ".pt");
+    std::ofstream(out + "/state_" + tag + ".txt") << opt.state_bytes() << " " << expected_state_bytes(opt) << " "
+                                                  << opt.step_count() << "\n";
+    // Bytes per step counted by the context: one reduce-scatter and one all-gather of the
+    // whole [N·chunk] fp32 buffer (the constructor's broadcast is counted apart).
+    const auto& stats = ctx->comm_stats();
+    const int64_t flat_bytes = 4 * world * opt.flat_elements_per_rank();
+    EXPECT_EQ(stats.at("all_gather").calls, 3);
+    EXPECT_EQ(stats.at("all_gather").payload_bytes, 3 * flat_bytes);
+    const char* rs = world == 1 || ctx->backend() == "nccl" ? "reduce_scatter" : "reduce_scatter_via_all_reduce";
+    EXPECT_EQ(stats.at(rs).payload_bytes, 3 * flat_bytes);
+    EXPECT_EQ(stats.at("broadcast").calls, 1);
+    // plan_layout describes the same layout without building anything.
+    auto plan = dist::plan_layout(make_groups(7), world);
+    EXPECT_EQ(plan.chunk_elements, opt.flat_elements_per_rank());
+    int64_t owned = 0;
+    for (const auto& p : opt.owned_pieces()) owned += (p.end - p.begin) * (p.is_bank ? p.rows * p.cols : 1);
+    EXPECT_EQ(plan.owned_elements[rank], owned);
+  } else if (scenario == "clip") {
+    // The split step with global-norm clipping to 0.5 (the averaged gradient's norm is about
+    // 7, so every step is clipped; the parent asserts it).
+    auto groups = make_groups(7);
+    dist::DistributedOptimizer opt(groups, ctx);
+    std::ofstream norms(out + "/norms_" + tag + ".txt");
+    norms.precision(10);
+    for (int64_t s = 0; s < 3; ++s) {
+      set_local_grads(groups, s, rank);
+      at::Tensor norm = opt.reduce_gradients();
+      at::Tensor factor = (0.5 / (norm + 1e-6)).clamp_max(1.0);
+      for (auto& p : opt.owned_params()) p.mutable_grad().mul_(factor);
+      opt.apply_update();
+      norms << norm.item<double>() << "\n";
+    }
+    EXPECT_THROW(opt.apply_update(), c10::Error);  // without a reduce_gradients() first
+    write_params(groups, out + "/params_" + tag + ".pt");
+  } else if (scenario == "save") {  // 2 steps, then a sharded checkpoint with the model
+    auto groups = make_groups(7);
+    dist::DistributedOptimizer opt(groups, ctx);
+    for (int64_t s = 0; s < 2; ++s) {
+      set_local_grads(groups, s, rank);
+      opt.step();
+    }
+    dist::save_sharded_checkpoint(opt, out + "/ckpt", [&](const std::string& tmp) {
+      write_params(groups, tmp + "/model.pt");
+    });
+  } else if (scenario == "resume") {  // load at this world size, 2 more steps
+    auto groups = make_groups(99);  // overwritten by the checkpoint's model
+    const std::string ckpt = env("ORTHOPT_DIST_CKPT");
+    auto model = load_tensors(ckpt + "/model.pt");
+    auto params = all_params(groups);
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(model[i]);
+    dist::DistributedOptimizer opt(groups, ctx);
+    opt.load_shards(ckpt);
+    // The reference's ranks 0 and 1 produced the gradients; with another world size the
+    // global batch is kept the same by giving each rank of the resumed run the same
+    // 2-rank average (data parallelism averages, so equal local gradients average to it).
+    for (int64_t s = 2; s < 4; ++s) {
+      int64_t i = 0;
+      for (const auto& g : groups)
+        for (auto p : g.params) {
+          p.mutable_grad() = (local_grad(p, s, 0, i) + local_grad(p, s, 1, i)).div_(2);
+          ++i;
+        }
+      opt.step();
+    }
+    write_params(groups, out + "/params_" + tag + ".pt");
+    std::ofstream(out + "/steps_" + tag + ".txt") << opt.step_count() << "\n";
+  } else if (scenario == "kill" || scenario == "stall") {
+    // The victim rank (ORTHOPT_DIST_VICTIM, default 1) dies (kill) or stops answering (stall)
+    // before the 2nd step; the others must fail with an error on their own: they ignore the
+    // launcher's SIGTERM here.
+    const int victim = std::stoi(env("ORTHOPT_DIST_VICTIM", "1"));
+    if (rank != victim) ::signal(SIGTERM, SIG_IGN);
+    auto groups = make_groups(7);
+    dist::DistributedOptimizer opt(groups, ctx);
+    set_local_grads(groups, 0, rank);
+    opt.step();
+    if (rank == victim) {
+      if (scenario == "kill") ::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    try {
+      for (int64_t s = 1; s < 4; ++s) {
+        set_local_grads(groups, s, rank);
+        opt.step();
+      }
+      std::ofstream(out + "/error_" + tag + ".txt") << "no error\n";
+    } catch (const c10::Error& e) {
+      std::ofstream(out + "/error_" + tag + ".txt") << e.what_without_backtrace() << "\n";
+      std::_Exit(3);
+    }
+  } else if (scenario == "mismatch") {
+    auto groups = make_groups(7);
+    if (rank == world - 1) groups[1].options.fraction = 0.5;  // a different Dion3 fraction
+    try {
+      dist::DistributedOptimizer opt(groups, ctx);
+      std::ofstream(out + "/error_" + tag + ".txt") << "no error\n";
+    } catch (const c10::Error& e) {
+      std::ofstream(out + "/error_" + tag + ".txt") << e.what_without_backtrace() << "\n";
+      std::_Exit(3);
+    }
+  } else {
+    FAIL() << "unknown ORTHOPT_DIST_SCENARIO " << scenario;
+  }
+}
+
+}  // namespace
+
+// Entry point of the spawned ranks; does nothing in a normal test run.
+TEST(DistWorker, Entry) {
+  const std::string scenario = env("ORTHOPT_DIST_SCENARIO");
+  if (scenario.empty() || env("RANK").empty()) GTEST_SKIP() << "only runs as a spawned rank";
+  run_worker(scenario, env("ORTHOPT_DIST_OUT"));
+}
+
+// ---------------------------------------------------------------- tests
+
+class DistEqualsSingleProcess : public testing::TestWithParam<int> {};
+
+TEST_P(DistEqualsSingleProcess, MuonDion3AdamWUnevenBanks) {
+  REQUIRE_GLOO();
+  const int world = GetParam();
+  const std::string out = fresh_dir("equal" + std::to_string(world));
+  auto l = launch(world, "equal", out);
+  ASSERT_EQ(l.rc, 0) << l.err;
+  int64_t ref_state = 0;
+  auto want = reference_run(world, 3, &ref_state);
+  int64_t sum_state = 0, max_state = 0;
+  for (int r = 0; r < world; ++r) {
+    expect_close(load_tensors(out + "/params_" + std::to_string(r) + ".pt"), want, "rank " + std::to_string(r));
+    std::istringstream st(read_text(out + "/state_" + std::to_string(r) + ".txt"));
+    int64_t bytes = 0, expected = 0, steps = 0;
+    st >> bytes >> expected >> steps;
+    EXPECT_EQ(bytes, expected) << "rank " << r << " holds state for more than the pieces it owns";
+    EXPECT_EQ(steps, 3);
+    sum_state += bytes;
+    max_state = std::max(max_state, bytes);
+  }
+  // Sharded state adds up to the single-process state, up to AdamW's 0-d step counters
+  // (one per local parameter instead of one per model parameter: 3 in the reference).
+  EXPECT_NEAR(static_cast<double>(sum_state), static_cast<double>(ref_state), 4.0 * (world + 3));
+  // ≈ 1/N per rank: whole-matrix ownership rounds to matrices; the largest rank of this small
+  // uneven model holds at most 1/N + 20% of the total (measured ratios are printed).
+  const double share = static_cast<double>(max_state) / static_cast<double>(ref_state);
+  std::cout << "world " << world << ": state per rank max " << max_state << " of " << ref_state << " bytes (share "
+            << share << ", ideal " << 1.0 / world << ")\n";
+  if (world > 1) EXPECT_LE(share, 1.0 / world + 0.2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, DistEqualsSingleProcess, testing::Values(1, 2, 3));
+
+TEST(DistSplitStep, GlobalNormClippingEqualsSingleProcess) {
+  REQUIRE_GLOO();
+  const int world = 3;
+  const std::string out = fresh_dir("clip");
+  auto l = launch(world, "clip", out);
+  ASSERT_EQ(l.rc, 0) << l.err;
+  // Reference: the global gradient's norm in fp64, the same clip factor, one process.
+  auto groups = make_groups(7);
+  Optimizer opt(groups);
+  std::vector<double> want_norms;
+  for (int64_t s = 0; s < 3; ++s) {
+    int64_t i = 0;
+    double sq = 0;
+    for (const auto& g : groups)
+      for (auto p : g.params) {
+        at::Tensor sum = at::zeros_like(p);
+        for (int r = 0; r < world; ++r) sum.add_(local_grad(p, s, r, i));
+        p.mutable_grad() = sum.div_(world);
+        sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+        ++i;
+      }
+    want_norms.push_back(std::sqrt(sq));
+    const double factor = std::min(1.0, 0.5 / (want_norms.back() + 1e-6));
+    ASSERT_LT(factor, 1.0);  // the test must exercise clipping
+    for (const auto& g : groups)
+      for (auto p : g.params) p.mutable_grad().mul_(factor);
+    opt.step();
+  }
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(read_text(out + "/norms_" + std::to_string(r) + ".txt"));
+    for (double w : want_norms) {
+      double got = 0;
+      in >> got;
+      // fp32 sum of squares over ~5k elements vs fp64: ~1e-7 relative.
+      EXPECT_NEAR(got, w, 1e-6 * w) << "rank " << r;
+    }
+    expect_close(load_tensors(out + "/params_" + std::to_string(r) + ".pt"), all_params(groups),
+                 "clipped, rank " + std::to_string(r));
+  }
+}
+
+TEST(DistCheckpoint, SaveAt2ResumeAt1And2And3) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("ckpt");
+  auto s = launch(2, "save", out);
+  ASSERT_EQ(s.rc, 0) << s.err;
+  ASSERT_TRUE(fs::exists(out + "/ckpt/optim_shard_0.json"));
+  ASSERT_TRUE(fs::exists(out + "/ckpt/optim_shard_1.pt"));
+  ASSERT_FALSE(fs::exists(out + "/ckpt.tmp"));
+  auto want = reference_run(2, 4);  // uninterrupted, 4 steps on the 2-rank global batch
+  for (int world : {1, 2, 3}) {
+    const std::string res = out + "/resume" + std::to_string(world);
+    fs::create_directories(res);
+    auto r = launch(world, "resume", res, {{"ORTHOPT_DIST_CKPT", out + "/ckpt"}});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    for (int k = 0; k < world; ++k) {
+      expect_close(load_tensors(res + "/params_" + std::to_string(k) + ".pt"), want,
+                   "resumed at world " + std::to_string(world) + " rank " + std::to_string(k));
+      EXPECT_EQ(read_text(res + "/steps_" + std::to_string(k) + ".txt"), "4\n");
+    }
+  }
+}
+
+TEST(DistFaults, KilledRankEndsTheJobWithinTheTimeout) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("kill");
+  // Grace 60 s: the launcher's SIGKILL must not be what ends the survivors.
+  auto l = launch(3, "kill", out, {{"ORTHOPT_DIST_TIMEOUT_S", "10"}}, std::chrono::seconds(60));
+  EXPECT_EQ(l.rc, 128 + SIGKILL) << l.err;
+  EXPECT_NE(l.err.find("rank 1 was killed by signal 9"), std::string::npos) << l.err;
+  EXPECT_LT(l.seconds, 30.0);
+  for (int r : {0, 2}) {
+    const std::string e = read_text(out + "/error_" + std::to_string(r) + ".txt");
+    EXPECT_NE(e.find("failed on rank " + std::to_string(r)), std::string::npos) << e;
+  }
+}
+
+TEST(DistFaults, KilledRank0WhichHostsTheStore) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("kill0");
+  auto l = launch(2, "kill", out, {{"ORTHOPT_DIST_TIMEOUT_S", "10"}, {"ORTHOPT_DIST_VICTIM", "0"}},
+                  std::chrono::seconds(60));
+  EXPECT_EQ(l.rc, 128 + SIGKILL) << l.err;
+  EXPECT_NE(l.err.find("rank 0 was killed by signal 9"), std::string::npos) << l.err;
+  EXPECT_LT(l.seconds, 30.0);
+  const std::string e = read_text(out + "/error_1.txt");
+  EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
+}
+
+// The CLI: `orthopt launch` around `orthopt dist-step` (ORTHOPT_BIN is set by ctest).
+TEST(DistCli, LaunchDistStepAndFailure) {
+  REQUIRE_GLOO();
+  const std::string bin = env("ORTHOPT_BIN");
+  if (bin.empty()) GTEST_SKIP() << "ORTHOPT_BIN not set (run through ctest)";
+  const std::string out = fresh_dir("cli");
+  const std::string cmd = "OMP_NUM_THREADS=1 " + bin + " launch --nproc 2 -- " + bin +
+                          " dist-step --set small --steps 1 --warmup 0 --json " + out + "/r.json > " + out +
+                          "/stdout.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_text(out + "/stdout.txt");
+  const std::string r = read_text(out + "/r.json");
+  EXPECT_NE(r.find("\"world_size\": 2"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"reduce_scatter_via_all_reduce\""), std::string::npos) << r;
+  // A failing rank: the launcher's exit code is non-zero and names the rank.
+  const std::string bad = bin + " launch --nproc 2 -- /bin/sh -c '[ $RANK = 0 ] && exit 4; exec sleep 30' > " + out + "/bad.txt 2>&1";
+  const int status = std::system(bad.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 4) << status;
+  EXPECT_NE(read_text(out + "/bad.txt").find("rank 0 exited with code 4"), std::string::npos) << read_text(out + "/bad.txt");
+}
+
+TEST(DistFaults, StalledRankTimesOutTheOthers) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("stall");
+  auto l = launch(2, "stall", out, {{"ORTHOPT_DIST_TIMEOUT_S", "3"}}, std::chrono::seconds(60));
+  EXPECT_EQ(l.rc, 3) << l.err;  // rank 0's own error exit, blamed by the launcher
+  EXPECT_NE(l.err.find("rank 0 exited with code 3"), std::string::npos) << l.err;
+  EXPECT_LT(l.seconds, 30.0);  // 3 s timeout + start-up, not the 60 s stall
+  const std::string e = read_text(out + "/error_0.txt");
+  EXPECT_NE(e.find("failed on rank 0"), std::string::npos) << e;
+}
+
+TEST(DistFaults, MismatchedConfigDetectedAtStartup) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("mismatch");
+  auto l = launch(3, "mismatch", out);
+  EXPECT_NE(l.rc, 0);
+  for (int r = 0; r < 3; ++r) {
+    const std::string e = read_text(out + "/error_" + std::to_string(r) + ".txt");
+    EXPECT_NE(e.find("optimizer configuration differs across ranks: rank(s) 2"), std::string::npos) << e;
+    EXPECT_NE(e.find("f=0.5"), std::string::npos) << e;
+  }
+}
+
+TEST(DistContext, MissingEnvironmentNamesTheVariable) {
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("RANK");
+  try {
+    dist::DistContext ctx;
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("WORLD_SIZE"), std::string::npos) << e.what();
+  }
+  dist::DistOptions o;
+  o.rank = 3;
+  o.world_size = 2;
+  EXPECT_THROW(dist::DistContext{o}, c10::Error);
+}
+
+TEST(DistLaunch, SetsEnvironmentAndPropagatesFailure) {
+  const std::string out = fresh_dir("launch");
+  testing::internal::CaptureStderr();
+  int rc = dist::launch_local(3, {"/bin/sh", "-c", "echo $RANK $WORLD_SIZE $MASTER_ADDR > " + out + "/env_$RANK"});
+  testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(read_text(out + "/env_" + std::to_string(r)), std::to_string(r) + " 3 127.0.0.1\n");
+
+  // Rank 1 fails; ranks 0 and 2 would sleep for a minute: they are stopped.
+  testing::internal::CaptureStderr();
+  auto t0 = std::chrono::steady_clock::now();
+  rc = dist::launch_local(3, {"/bin/sh", "-c", "[ \"$RANK\" = 1 ] && exit 7; exec sleep 60"});
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 7);
+  EXPECT_NE(err.find("rank 1 exited with code 7"), std::string::npos) << err;
+  EXPECT_LT(sec, 20.0);
+
+  EXPECT_THROW(dist::launch_local(0, {"/bin/true"}), c10::Error);
+  EXPECT_THROW(dist::launch_local(2, {"no-such-command-orthopt"}), c10::Error);
+}
