@@ -277,6 +277,11 @@ TEST_F(GpuGraph, GradientBuffersMustBeKept) {
   fill_grads({&opt}, 1);
   graphed.step();
 
+  // Hold the captured buffers so the caching allocator cannot hand the same addresses back
+  // to the replacement gradients below (same address = same buffer to the graph).
+  std::vector<at::Tensor> held;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params) held.push_back(p.grad());
   opt.zero_grad(/*set_to_none=*/true);
   std::string err = error_of([&] { graphed.step(); });
   EXPECT_NE(err.find("set_to_none=false"), std::string::npos) << err;
