@@ -42,6 +42,13 @@ int64_t first_step_at_or_below(const std::vector<EvalPoint>& evals, double targe
   return -1;
 }
 
+// An lr as %g with 6 significant digits, whatever the state of the stream it goes into.
+std::string lr_text(double lr) {
+  std::ostringstream ss;
+  ss << lr;
+  return ss.str();
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -97,7 +104,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       ++run_index;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      log << "[" << run_index << "/" << total_runs << "] " << alg << " lr " << row.lr << " seed " << seed
+      log << "[" << run_index << "/" << total_runs << "] " << alg << " lr " << lr_text(row.lr) << " seed " << seed
           << ": final val loss " << std::fixed << std::setprecision(4) << r.final_val_loss << " ("
           << std::setprecision(1) << secs << " s; " << elapsed << " s total)" << std::defaultfloat << std::endl;
       row.final_losses.push_back(r.final_val_loss);
@@ -134,10 +141,10 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
     const auto hit = reached(r);
     const double m = mean_of(r.final_losses), sd = std_of(r.final_losses);
     const double steps = mean_of(hit);
-    csv << r.algorithm << "," << r.lr << "," << r.final_losses.size() << "," << std::setprecision(6) << m << "," << sd
-        << "," << bits_per_byte(m) << "," << target << "," << (hit.empty() ? std::string("") : std::to_string(steps)) << ","
-        << hit.size() << "," << std::setprecision(3) << r.optimizer_ms_per_step << "," << std::setprecision(0)
-        << r.tokens_per_s << "\n";
+    csv << r.algorithm << "," << lr_text(r.lr) << "," << r.final_losses.size() << "," << std::defaultfloat
+        << std::setprecision(6) << m << "," << sd << "," << bits_per_byte(m) << "," << target << ","
+        << (hit.empty() ? std::string("") : std::to_string(steps)) << "," << hit.size() << "," << std::fixed
+        << std::setprecision(3) << r.optimizer_ms_per_step << "," << std::setprecision(0) << r.tokens_per_s << "\n";
     std::ostringstream steps_cell, vs_cell;
     if (hit.empty()) {
       steps_cell << "not reached";
@@ -149,7 +156,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       vs_cell << std::showpos << std::fixed << std::setprecision(0) << 100.0 * (steps - adamw_steps) / adamw_steps << "%";
     else
       vs_cell << "–";
-    md << "| " << r.algorithm << " | " << std::defaultfloat << r.lr << " | " << std::fixed << std::setprecision(4) << m
+    md << "| " << r.algorithm << " | " << lr_text(r.lr) << " | " << std::fixed << std::setprecision(4) << m
        << " ± " << sd << " | " << std::setprecision(3) << bits_per_byte(m) << " | " << steps_cell.str() << " | "
        << vs_cell.str() << " | " << std::setprecision(2) << r.optimizer_ms_per_step << " | " << std::setprecision(0)
        << r.tokens_per_s << " |\n";
