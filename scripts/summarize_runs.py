@@ -30,6 +30,19 @@ def load_runs(roots):
     return runs
 
 
+def crossing(evals, target):
+    """Step where the validation curve first reaches target, linearly interpolated between the
+    two evaluations around the crossing; None if it never does."""
+    prev = None
+    for step, loss in evals:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            return prev[0] + (prev[1] - target) / (prev[1] - loss) * (step - prev[0])
+        prev = (step, loss)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", required=True)
@@ -45,22 +58,27 @@ def main():
     finals = {k: [ev[-1][1] for ev in by[k].values()] for k in picks}
     target = args.target or statistics.mean(finals[picks[0]])
     first = picks[0]
-    print(f"| optimizer | lr | seeds | final val loss (mean ± std) | steps to {target:.4f} (mean; per seed) | vs {first[0]} |")
-    print("|---|---|---|---|---|---|")
-    base = None
+    # The reference (first --pick) reaches its own mean final loss by definition at its budget.
+    budget = max(s for ev in by[first].values() for s, _ in ev)
+    print(f"Target: {target:.4f} ({first[0]}'s mean final validation loss after {budget} steps).\n")
+    print(f"| optimizer | lr | seeds | final val loss (mean ± std) | first eval <= target (per seed) "
+          f"| interpolated steps (mean) | vs {first[0]}'s {budget} |")
+    print("|---|---|---|---|---|---|---|")
     for k in picks:
         seeds = sorted(by[k])
-        steps = [next((s for s, v in by[k][sd] if v <= target), None) for sd in seeds]
-        reached = [s for s in steps if s is not None]
+        coarse = [next((s for s, v in by[k][sd] if v <= target), None) for sd in seeds]
+        fine = [crossing(by[k][sd], target) for sd in seeds]
         m = statistics.mean(finals[k])
         sd = statistics.stdev(finals[k]) if len(finals[k]) > 1 else 0.0
-        mean_steps = statistics.mean(reached) if len(reached) == len(steps) else math.nan
-        if base is None:
-            base = mean_steps
-        vs = f"{100 * (mean_steps - base) / base:+.0f}%" if not math.isnan(mean_steps) else "–"
-        per_seed = ", ".join(str(s) if s is not None else "—" for s in steps)
-        print(f"| {k[0]} | {k[1]:g} | {len(seeds)} | {m:.4f} ± {sd:.4f} | "
-              f"{'%.0f' % mean_steps if not math.isnan(mean_steps) else 'not all reached'} ({per_seed}) | {vs} |")
+        per_seed = ", ".join(str(s) if s is not None else "—" for s in coarse)
+        if k == first:
+            steps_cell, vs = f"{budget} (by definition)", "–"
+        elif all(f is not None for f in fine):
+            mean_fine = statistics.mean(fine)
+            steps_cell, vs = f"{mean_fine:.0f}", f"{100 * (mean_fine - budget) / budget:+.0f}%"
+        else:
+            steps_cell, vs = f"not reached by {sum(f is None for f in fine)}/{len(fine)} seeds", "–"
+        print(f"| {k[0]} | {k[1]:g} | {len(seeds)} | {m:.4f} ± {sd:.4f} | {per_seed} | {steps_cell} | {vs} |")
     if args.grid:
         print("\n| optimizer | lr | seed | final val loss |\n|---|---|---|---|")
         for (alg, lr), seeds in sorted(by.items()):
