@@ -86,8 +86,10 @@ class Optimizer {
   // Time-varying hyperparameters as device tensors (0-d fp32 on the params' device),
   // read by step() without host synchronization (CUDA-graph friendly):
   //   lr_scale multiplies every group's lr (the schedule factor), default 1;
-  //   skip_factor multiplies the update AND every state change: 0 leaves params and all
-  //   state bit-identical, 1 is a normal step.
+  //   skip_factor gates the update AND every state change: 0 leaves params and all
+  //   state bit-identical (also with NaN gradients), any other value is a normal step.
+  //   The gating (a `where` per write) is enabled by the first set_skip_factor call: make
+  //   it before a CUDA-graph capture.
   void set_lr_scale(double factor);
   void set_skip_factor(const at::Tensor& factor);  // copied in place (0-d, any device)
   const at::Tensor& lr_scale() const;
@@ -134,5 +136,15 @@ struct RoutingOptions {
 
 std::vector<ParamGroup> route_params(const std::vector<std::pair<std::string, at::Tensor>>& named,
                                      const RoutingOptions& routing);
+
+// The routing decision alone (the one definition route_params and the Python helper use):
+// per parameter a slot, -1 frozen (requires_grad false), 0 matrix, 1 flattened >=4-D
+// matrix, 2 scalar, 3 embedding/head (no weight decay), 4 + k the k-th override pattern.
+enum RouteSlot : int { kRouteFrozen = -1, kRouteMatrix = 0, kRouteFlatten = 1, kRouteScalar = 2, kRouteNoDecay = 3,
+                       kRouteOverride = 4 };
+std::vector<int> route_slots(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                             const std::vector<std::string>& embedding_patterns,
+                             const std::vector<std::string>& head_patterns,
+                             const std::vector<std::string>& override_patterns);
 
 }  // namespace orthopt

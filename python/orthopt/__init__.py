@@ -6,5 +6,7 @@ The heavy lifting is in the C++ library (``orthopt._C``); this package adds the
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ._C import orthogonalize, schedules  # noqa: F401
+from .optim import AdamW, Dion, Dion3, Lion, Muon, NorMuon, param_groups  # noqa: F401
 
 __all__ = ["orthogonalize", "schedules"]
+__all__ += ["Muon", "NorMuon", "Dion3", "Dion", "AdamW", "Lion", "param_groups"]

@@ -2,7 +2,11 @@
 
 namespace orthopt::python {
 
+void register_optim(pybind11::module_& m);
+
 // Binding files add their register_* call here.
-void register_all(pybind11::module_& m) { (void)m; }
+void register_all(pybind11::module_& m) {
+  register_optim(m);
+}
 
 }  // namespace orthopt::python

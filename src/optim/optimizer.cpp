@@ -211,6 +211,19 @@ void validate_param(const at::Tensor& p, const GroupOptions& o, const std::strin
   }
 }
 
+// True when b differs from a only in scalar hyperparameters (lr, decay, betas, ...), so the
+// per-parameter checks (shapes, split sizes, state shapes) cannot change their outcome. An LR
+// scheduler changes lr every step; this keeps set_group_options cheap for it.
+bool same_structure(const GroupOptions& a, const GroupOptions& b) {
+  const auto& x = a.ortho;
+  const auto& y = b.ortho;
+  return a.algorithm == b.algorithm && a.rank_fraction == b.rank_fraction && a.master_weights == b.master_weights &&
+         x.schedule == y.schedule && x.custom_triples == y.custom_triples && x.steps == y.steps &&
+         x.method == y.method && x.compute_dtype == y.compute_dtype && x.gram_restarts == y.gram_restarts &&
+         x.gram_aspect_threshold == y.gram_aspect_threshold && x.safety == y.safety && x.eps == y.eps &&
+         x.split_sizes == y.split_sizes && x.flatten == y.flatten;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- implementation
@@ -236,7 +249,7 @@ class OptimizerImpl {
         const std::string label = param_label(grp, gi, i);
         validate_param(p, grp.options, label);
         TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, label,
-                    " is listed in more than one group (option 'params')");
+                    " is listed more than once across the groups (option 'params')");
         if (!device) device = p.device();
         TORCH_CHECK(p.device() == *device, label, " is on ", p.device(), " but earlier parameters are on ", *device,
                     "; one optimizer handles one device");
@@ -555,6 +568,10 @@ void Optimizer::set_group_options(size_t group, const GroupOptions& options) {
   validate_options(options, group);
   TORCH_CHECK(options.algorithm == grp.options.algorithm, "group ", group, ": option 'algorithm' cannot change from '",
               to_string(grp.options.algorithm), "' to '", to_string(options.algorithm), "' (state would not match)");
+  if (same_structure(grp.options, options)) {
+    grp.options = options;
+    return;
+  }
   for (size_t i = 0; i < grp.params.size(); ++i) {
     const std::string label = param_label(grp, group, i);
     validate_param(grp.params[i], options, label);

@@ -16,50 +16,62 @@ bool contains_any(const std::string& name, const std::vector<std::string>& patte
 
 }  // namespace
 
+std::vector<int> route_slots(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                             const std::vector<std::string>& embedding_patterns,
+                             const std::vector<std::string>& head_patterns,
+                             const std::vector<std::string>& override_patterns) {
+  std::vector<std::regex> overrides;
+  for (const auto& pattern : override_patterns) {
+    try {
+      overrides.emplace_back(pattern);
+    } catch (const std::regex_error& e) {
+      TORCH_CHECK(false, "argument 'overrides': invalid regex '", pattern, "': ", e.what());
+    }
+  }
+  std::vector<int> slots;
+  for (const auto& [name, p] : named) {
+    TORCH_CHECK(p.defined(), "argument 'named': parameter '", name, "' is undefined");
+    int slot = kRouteFrozen;
+    if (p.requires_grad()) {
+      for (size_t k = 0; k < overrides.size() && slot == kRouteFrozen; ++k)
+        if (std::regex_search(name, overrides[k])) slot = kRouteOverride + static_cast<int>(k);
+      if (slot != kRouteFrozen) {
+      } else if (contains_any(name, embedding_patterns) || contains_any(name, head_patterns)) {
+        slot = kRouteNoDecay;  // embeddings and output head: scalar optimizer, weight decay 0
+      } else if (p.dim() == 2 || p.dim() == 3) {
+        slot = kRouteMatrix;   // matrices and stacked expert matrices
+      } else if (p.dim() >= 4) {
+        slot = kRouteFlatten;  // conv-like weights: one flattened matrix each
+      } else {
+        slot = kRouteScalar;   // 0-D / 1-D: norm gains, biases
+      }
+    }
+    slots.push_back(slot);
+  }
+  return slots;
+}
+
 std::vector<ParamGroup> route_params(const std::vector<std::pair<std::string, at::Tensor>>& named,
                                      const RoutingOptions& routing) {
   TORCH_CHECK(is_matrix_algorithm(routing.matrix.algorithm), "argument 'routing.matrix': algorithm '",
               to_string(routing.matrix.algorithm), "' is not a matrix optimizer (muon, normuon, dion3, dion)");
-  std::vector<std::regex> override_res;
-  for (const auto& [pattern, opts] : routing.overrides) {
-    try {
-      override_res.emplace_back(pattern);
-    } catch (const std::regex_error& e) {
-      TORCH_CHECK(false, "argument 'routing.overrides': invalid regex '", pattern, "': ", e.what());
-    }
-  }
+  std::vector<std::string> patterns;
+  for (const auto& [pattern, opts] : routing.overrides) patterns.push_back(pattern);
+  const auto slots = route_slots(named, routing.embedding_patterns, routing.head_patterns, patterns);
 
-  // Fixed group order (deterministic for checkpoints): matrices, flattened >=4-D weights,
-  // scalars, embeddings/head (no weight decay), then one group per override.
-  GroupOptions flat = routing.matrix;
-  flat.ortho.flatten = true;
-  GroupOptions no_decay = routing.scalar;
-  no_decay.weight_decay = 0.0;
-  std::vector<ParamGroup> groups(4 + routing.overrides.size());
-  groups[0].options = routing.matrix;
-  groups[1].options = flat;
-  groups[2].options = routing.scalar;
-  groups[3].options = no_decay;
-  for (size_t k = 0; k < routing.overrides.size(); ++k) groups[4 + k].options = routing.overrides[k].second;
-
-  for (const auto& [name, p] : named) {
-    TORCH_CHECK(p.defined(), "argument 'named': parameter '", name, "' is undefined");
-    if (!p.requires_grad()) continue;  // frozen: never has a gradient
-    size_t target = groups.size();
-    for (size_t k = 0; k < override_res.size() && target == groups.size(); ++k)
-      if (std::regex_search(name, override_res[k])) target = 4 + k;
-    if (target == groups.size()) {
-      if (contains_any(name, routing.embedding_patterns) || contains_any(name, routing.head_patterns))
-        target = 3;  // embeddings and output head: AdamW, weight decay 0
-      else if (p.dim() == 2 || p.dim() == 3)
-        target = 0;  // matrices and stacked expert matrices
-      else if (p.dim() >= 4)
-        target = 1;  // conv-like weights: one flattened matrix each
-      else
-        target = 2;  // 0-D / 1-D: norm gains, biases
-    }
-    groups[target].params.push_back(p);
-    groups[target].names.push_back(name);
+  // Groups in slot order (deterministic for checkpoints); empty ones are dropped.
+  std::vector<ParamGroup> groups(kRouteOverride + routing.overrides.size());
+  groups[kRouteMatrix].options = routing.matrix;
+  groups[kRouteFlatten].options = routing.matrix;
+  groups[kRouteFlatten].options.ortho.flatten = true;
+  groups[kRouteScalar].options = routing.scalar;
+  groups[kRouteNoDecay].options = routing.scalar;
+  groups[kRouteNoDecay].options.weight_decay = 0.0;
+  for (size_t k = 0; k < routing.overrides.size(); ++k) groups[kRouteOverride + k].options = routing.overrides[k].second;
+  for (size_t j = 0; j < named.size(); ++j) {
+    if (slots[j] == kRouteFrozen) continue;
+    groups[slots[j]].params.push_back(named[j].second);
+    groups[slots[j]].names.push_back(named[j].first);
   }
   std::vector<ParamGroup> out;
   for (auto& g : groups)

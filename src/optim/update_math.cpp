@@ -62,8 +62,10 @@ AdamWResult adamw_direction(const at::Tensor& m, const at::Tensor& v, const at::
   AdamWResult r;
   r.exp_avg = m * beta1 + G * (1.0 - beta1);
   r.exp_avg_sq = v * beta2 + G * G * (1.0 - beta2);
-  at::Tensor bc1 = 1.0 - at::pow(beta1, step);
-  at::Tensor bc2 = 1.0 - at::pow(beta2, step);
+  // Bias corrections as 0-d fp64 tensors: exact for any step, and 0-d so they do not promote.
+  const at::Tensor t = step.to(at::kDouble);
+  at::Tensor bc1 = 1.0 - at::pow(beta1, t);
+  at::Tensor bc2 = 1.0 - at::pow(beta2, t);
   r.direction = (r.exp_avg / bc1) / (r.exp_avg_sq.sqrt() / bc2.sqrt() + eps);
   return r;
 }

@@ -109,6 +109,51 @@ TEST(OptimNorMuon, MatchesReference) {
   }
 }
 
+// Split (fused QKV) rows: blocks orthogonalized on their own, NorMuon normalization over the
+// whole matrix, then each block's own lr factor.
+TEST(OptimNorMuon, SplitMatchesReference) {
+  auto o = matrix_options(Algorithm::NorMuon);
+  o.ortho.split_sizes = {16, 8};
+  o.lr_adjust = orthopt::LrAdjust::Jordan;
+  auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+    r.M = r.M * o.momentum + G;
+    at::Tensor U = ref::orthogonalize(r.M[0], "polar_express", 5, {16, 8});
+    at::Tensor V = r.V[0].clone();
+    at::Tensor Uh = ref::normuon(U, V, 0.95, 1e-8);
+    r.V[0].copy_(V);
+    at::Tensor D = at::cat({Uh.narrow(0, 0, 16) * ref::lr_factor("jordan", 16, 20),
+                            Uh.narrow(0, 16, 8) * ref::lr_factor("jordan", 8, 20)});
+    r.W[0].copy_(ref::apply(r.W[0], D, o.lr, o.lr, o.weight_decay, false));
+  };
+  const std::vector<Shape> shapes = {{"qkv", {24, 20}}};
+  const double one = compare(o, 1, step, shapes), ten = compare(o, 10, step, shapes);
+  std::cout << "normuon split: rel err 1 step " << one << ", 10 steps " << ten << "\n";
+  EXPECT_LT(one, kTol);
+  EXPECT_LT(ten, kTol);
+}
+
+// flatten: a 4-D conv weight is one [out, prod(rest)] matrix for Muon.
+TEST(OptimMuonFlatten, FourDWeightIsOneMatrix) {
+  auto o = matrix_options(Algorithm::Muon);
+  o.ortho.flatten = true;
+  auto gen = at::detail::createCPUGenerator(12);
+  auto p = randn({6, 2, 3, 4}, gen).requires_grad_(true);
+  ParamGroup g;
+  g.params = {p};
+  g.options = o;
+  Optimizer opt({g});
+  at::Tensor W0 = ref::f64(p).reshape({6, 24}), W = W0.clone(), M = at::zeros_like(W);
+  for (int t = 0; t < 10; ++t) {
+    auto G = randn({6, 2, 3, 4}, gen);
+    p.mutable_grad() = G;
+    M = M * o.momentum + ref::f64(G).reshape({6, 24});
+    W = ref::apply(W, ref::newton_schulz(M, "polar_express", 5), o.lr, o.lr * std::sqrt(6.0 / 24.0),
+                   o.weight_decay, false);
+    opt.step();
+  }
+  EXPECT_LT(ref::rel(ref::f64(p).reshape({6, 24}) - W0, W - W0), kTol);
+}
+
 // NorMuon variance update on its own: V = (1−β₂)·mean_j U² after one step from zero.
 TEST(OptimNorMuon, VarianceUpdate) {
   auto o = matrix_options(Algorithm::NorMuon);
@@ -154,6 +199,9 @@ TEST(OptimDion3, MatchesReference) {
       auto o = matrix_options(Algorithm::Dion3);
       o.fraction = f;
       o.scale_lr_by_fraction = scale;
+      // Cautious decay (with a large wd so a wrong mask shows) on one of the configurations.
+      o.cautious_weight_decay = f == 0.5 && scale;
+      if (o.cautious_weight_decay) o.weight_decay = 5.0;
       auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
         for (int64_t b = 0; b < r.W.size(0); ++b) dion3_ref(r.W[b], r.M[b], r.V[b], G[b], o);
       };

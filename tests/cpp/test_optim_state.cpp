@@ -298,7 +298,7 @@ TEST(OptimErrors, BadInputNamesParamAndOption) {
   expect_error([&] { Optimizer({one("qkv.weight", mat(), o)}); }, {"'qkv.weight'", "split_sizes", "8 rows"});
   auto shared = mat().requires_grad_(true);
   ParamGroup g1 = one("a", shared), g2 = one("b", shared, with(Algorithm::AdamW));
-  expect_error([&] { Optimizer({g1, g2}); }, {"'b'", "more than one group"});
+  expect_error([&] { Optimizer({g1, g2}); }, {"'b'", "more than once"});
   // Sparse gradients are refused at the step.
   auto w = at::randn({8, 8}).requires_grad_(true);
   Optimizer opt({one("emb", w, with(Algorithm::AdamW))});
@@ -309,6 +309,21 @@ TEST(OptimErrors, BadInputNamesParamAndOption) {
   o.lr = std::nan("");
   Optimizer ok({one("w", mat())});
   expect_error([&] { ok.set_group_options(0, o); }, {"'lr'"});
+  // Options that would change the shape of existing state are refused after the first step;
+  // a scalar change (lr) is accepted.
+  auto w2 = at::randn({8, 12}).requires_grad_(true);
+  Optimizer dion({one("w2", w2, with(Algorithm::Dion))});
+  w2.mutable_grad() = at::randn({8, 12});
+  dion.step();
+  o = with(Algorithm::Dion);
+  o.rank_fraction = 0.5;
+  expect_error([&] { dion.set_group_options(0, o); }, {"'w2'", "state 'Q'"});
+  o.rank_fraction = 0.25;
+  o.lr = 0.5;
+  dion.set_group_options(0, o);
+  EXPECT_DOUBLE_EQ(dion.param_groups()[0].options.lr, 0.5);
+  o.algorithm = Algorithm::Muon;
+  expect_error([&] { dion.set_group_options(0, o); }, {"'algorithm'", "cannot change"});
 }
 
 }  // namespace
