@@ -257,9 +257,9 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step) {
 
 // ---------------------------------------------------------------- write
 
-void write_checkpoint(const std::string& run_dir, int64_t step,
-                      const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
-                      CheckpointMeta meta, bool overwrite) {
+static void write_checkpoint_impl(const std::string& run_dir, int64_t step,
+                                  const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
+                                  CheckpointMeta meta, bool overwrite) {
   TORCH_CHECK(!run_dir.empty(), "write_checkpoint: run_dir must not be empty");
   TORCH_CHECK(step >= 0, "write_checkpoint: step must be >= 0, got ", step);
   std::set<std::string> names;
@@ -319,7 +319,7 @@ void write_checkpoint(const std::string& run_dir, int64_t step,
 
 // ---------------------------------------------------------------- verify / find / prune
 
-CheckpointMeta verify_checkpoint(const std::string& ckpt_dir) {
+static CheckpointMeta verify_checkpoint_impl(const std::string& ckpt_dir) {
   const fs::path dir(ckpt_dir);
   const std::string name = dir.filename().string();
   std::smatch m;
@@ -365,7 +365,7 @@ CheckpointMeta verify_checkpoint(const std::string& ckpt_dir) {
   return meta;
 }
 
-c10::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
+static c10::optional<std::string> latest_valid_checkpoint_impl(const std::string& run_dir) {
   for (const StepDir& d : list_step_dirs(run_dir)) {
     CheckpointMeta meta;
     const std::string problem = checkpoint_problem(d.path, &meta);
@@ -385,7 +385,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& ckpt_dir, const std::stri
   return meta;
 }
 
-void prune_checkpoints(const std::string& run_dir, int keep_last) {
+static void prune_checkpoints_impl(const std::string& run_dir, int keep_last) {
   TORCH_CHECK(keep_last >= 1, "prune_checkpoints: keep_last must be >= 1, got ", keep_last);
   int kept = 0;
   for (const StepDir& d : list_step_dirs(run_dir)) {
@@ -406,6 +406,41 @@ void prune_checkpoints(const std::string& run_dir, int keep_last) {
     fs::remove_all(doomed);
   }
   fsync_path(run_dir, /*directory=*/true);
+}
+
+// ---------------------------------------------------------------- public entry points
+// std::filesystem reports I/O problems (permissions, a file where a directory should be, a full
+// disk) as std::filesystem::filesystem_error; the library's contract is c10::Error naming the call.
+
+namespace {
+template <class F>
+auto filesystem_errors_as_c10(const char* call, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const fs::filesystem_error& e) {
+    TORCH_CHECK(false, call, ": ", e.what());
+  }
+}
+}  // namespace
+
+void write_checkpoint(const std::string& run_dir, int64_t step,
+                      const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
+                      CheckpointMeta meta, bool overwrite) {
+  filesystem_errors_as_c10("write_checkpoint",
+                           [&] { write_checkpoint_impl(run_dir, step, files, std::move(meta), overwrite); });
+}
+
+CheckpointMeta verify_checkpoint(const std::string& ckpt_dir) {
+  return filesystem_errors_as_c10("verify_checkpoint", [&] { return verify_checkpoint_impl(ckpt_dir); });
+}
+
+c10::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
+  return filesystem_errors_as_c10("latest_valid_checkpoint",
+                                  [&] { return latest_valid_checkpoint_impl(run_dir); });
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep_last) {
+  filesystem_errors_as_c10("prune_checkpoints", [&] { prune_checkpoints_impl(run_dir, keep_last); });
 }
 
 }  // namespace orthopt::train

@@ -97,11 +97,13 @@ at::Tensor SpikeGuard::observe(const at::Tensor& loss, const at::Tensor& grad_no
   const at::Tensor apply = finite.logical_and(spike.logical_not()).to(at::kFloat);
 
   // Push finite values into slot pushed % window via a masked select (no host-side index).
+  // In-place updates keep the state tensors' storage fixed, so a captured CUDA graph that
+  // contains observe() advances the same state on every replay.
   const at::Tensor slot = at::arange(window_, pushed_.options()) == at::remainder(pushed_, window_);
   const at::Tensor write = slot.logical_and(finite);
-  loss_window_ = at::where(write, l, loss_window_);
-  gnorm_window_ = at::where(write, g, gnorm_window_);
-  pushed_ = pushed_ + finite.to(at::kLong);
+  loss_window_.copy_(at::where(write, l, loss_window_));
+  gnorm_window_.copy_(at::where(write, g, gnorm_window_));
+  pushed_.add_(finite.to(at::kLong));
   return apply;
 }
 
@@ -117,9 +119,11 @@ SpikeGuard::Stats SpikeGuard::stats() const {
 void SpikeGuard::save(torch::serialize::OutputArchive& archive) const {
   archive.write("spike_guard.window", at::tensor({window_}, at::kLong));
   archive.write("spike_guard.sigma_factor", at::tensor({sigma_factor_}, at::kDouble));
-  archive.write("spike_guard.loss_window", loss_window_.cpu());
-  archive.write("spike_guard.gnorm_window", gnorm_window_.cpu());
-  archive.write("spike_guard.pushed", pushed_.cpu());
+  // Copies: the state is updated in place, and .cpu() of a CPU tensor would alias it, so an
+  // archive filled now and written to disk later would otherwise see later observations.
+  archive.write("spike_guard.loss_window", loss_window_.cpu().clone());
+  archive.write("spike_guard.gnorm_window", gnorm_window_.cpu().clone());
+  archive.write("spike_guard.pushed", pushed_.cpu().clone());
 }
 
 void SpikeGuard::load(torch::serialize::InputArchive& archive) {
@@ -140,9 +144,10 @@ void SpikeGuard::load(torch::serialize::InputArchive& archive) {
               "SpikeGuard.load: window tensors must be fp64 of shape [", window_, "]");
   TORCH_CHECK(pushed.numel() == 1 && pushed.scalar_type() == at::kLong && pushed.item<int64_t>() >= 0,
               "SpikeGuard.load: bad 'spike_guard.pushed' entry");
-  loss_window_ = loss_w.to(device_).clone();
-  gnorm_window_ = gnorm_w.to(device_).clone();
-  pushed_ = pushed.reshape({}).to(device_).clone();
+  // Copied into the existing storage (see observe): a graph captured before load stays valid.
+  loss_window_.copy_(loss_w);
+  gnorm_window_.copy_(gnorm_w);
+  pushed_.copy_(pushed.reshape({}));
 }
 
 // ---------------------------------------------------------------- NonFiniteFirewall

@@ -32,7 +32,8 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
 // with mean and σ (population standard deviation, divisor n) over the window BEFORE the current
 // value is added. Every finite value enters the window (also skipped spikes, so a lasting level
 // shift is accepted as it fills the window); a non-finite value gives 0 and does not enter it.
-// Everything runs on `device` with device-side counters: no host sync, capturable in a graph.
+// Everything runs on `device` with device-side counters and in-place state updates: no host
+// sync, and capturable in a CUDA graph (load() also writes in place, so a captured graph stays valid).
 // Construct it on the training device (inputs on another device are copied, which syncs).
 class SpikeGuard {
  public:
