@@ -35,13 +35,6 @@ double std_of(const std::vector<double>& v) {
   return std::sqrt(s / static_cast<double>(v.size() - 1));
 }
 
-// First evaluated step whose validation loss is <= target, or -1.
-int64_t first_step_at_or_below(const std::vector<EvalPoint>& evals, double target) {
-  for (const auto& e : evals)
-    if (e.val_loss <= target) return e.step;
-  return -1;
-}
-
 // An lr as %g with 6 significant digits, whatever the state of the stream it goes into.
 std::string lr_text(double lr) {
   std::ostringstream ss;
@@ -56,6 +49,18 @@ std::string shell_quote(const std::string& s) {
 }
 
 }  // namespace
+
+double steps_to_reach(const std::vector<EvalPoint>& evals, double target) {
+  for (size_t i = 0; i < evals.size(); ++i) {
+    if (evals[i].val_loss > target) continue;
+    if (i == 0 || evals[i - 1].val_loss == evals[i].val_loss) return static_cast<double>(evals[i].step);
+    const EvalPoint& a = evals[i - 1];
+    const EvalPoint& b = evals[i];
+    return static_cast<double>(a.step) +
+           (a.val_loss - target) / (a.val_loss - b.val_loss) * static_cast<double>(b.step - a.step);
+  }
+  return -1.0;
+}
 
 std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
   TORCH_CHECK(!c.algorithms.empty(), "--algorithms: at least one algorithm is needed");
@@ -119,13 +124,15 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
 
   const double target = c.target_loss > 0.0 ? c.target_loss : mean_of(rows.front().final_losses);
   for (auto& row : rows)
-    for (const auto& evals : curves[row.algorithm]) row.steps_to_target.push_back(first_step_at_or_below(evals, target));
+    for (const auto& evals : curves[row.algorithm])
+      row.steps_to_target.push_back(row.algorithm == "adamw" && c.target_loss <= 0.0 ? static_cast<double>(c.base.steps)
+                                                                                     : steps_to_reach(evals, target));
 
   // ---- tables ----
   auto reached = [](const CompareRow& r) {
     std::vector<double> v;
-    for (int64_t s : r.steps_to_target)
-      if (s >= 0) v.push_back(static_cast<double>(s));
+    for (double s : r.steps_to_target)
+      if (s >= 0) v.push_back(s);
     return v;
   };
   double adamw_steps = std::nan("");
@@ -165,7 +172,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
   md << "\n" << c.base.preset << " preset, " << c.base.steps << " steps of " << c.base.batch_size << "×"
      << (c.base.context ? std::to_string(c.base.context) : std::string("preset-context")) << " bytes (grad_accum "
      << c.base.grad_accum << "), " << c.seeds.size() << " seed(s), evaluation every " << c.base.eval_every
-     << " steps (steps to target have that resolution); target = "
+     << " steps (steps to target interpolated between evaluations); target = "
      << (c.target_loss > 0.0 ? "--target-loss" : "AdamW's mean final validation loss") << ". Wall time "
      << std::setprecision(0) << total_s << " s.\n";
   write_file_atomically((fs::path(c.run_dir) / "compare.md").string(), md.str());
