@@ -35,11 +35,11 @@ double std_of(const std::vector<double>& v) {
   return std::sqrt(s / static_cast<double>(v.size() - 1));
 }
 
-// First evaluated step whose validation loss is <= target, or -1.
-int64_t first_step_at_or_below(const std::vector<EvalPoint>& evals, double target) {
-  for (const auto& e : evals)
-    if (e.val_loss <= target) return e.step;
-  return -1;
+// An lr as %g with 6 significant digits, whatever the state of the stream it goes into.
+std::string lr_text(double lr) {
+  std::ostringstream ss;
+  ss << lr;
+  return ss.str();
 }
 
 std::string shell_quote(const std::string& s) {
@@ -49,6 +49,18 @@ std::string shell_quote(const std::string& s) {
 }
 
 }  // namespace
+
+double steps_to_reach(const std::vector<EvalPoint>& evals, double target) {
+  for (size_t i = 0; i < evals.size(); ++i) {
+    if (evals[i].val_loss > target) continue;
+    if (i == 0 || evals[i - 1].val_loss == evals[i].val_loss) return static_cast<double>(evals[i].step);
+    const EvalPoint& a = evals[i - 1];
+    const EvalPoint& b = evals[i];
+    return static_cast<double>(a.step) +
+           (a.val_loss - target) / (a.val_loss - b.val_loss) * static_cast<double>(b.step - a.step);
+  }
+  return -1.0;
+}
 
 std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
   TORCH_CHECK(!c.algorithms.empty(), "--algorithms: at least one algorithm is needed");
@@ -97,7 +109,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       ++run_index;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      log << "[" << run_index << "/" << total_runs << "] " << alg << " lr " << row.lr << " seed " << seed
+      log << "[" << run_index << "/" << total_runs << "] " << alg << " lr " << lr_text(row.lr) << " seed " << seed
           << ": final val loss " << std::fixed << std::setprecision(4) << r.final_val_loss << " ("
           << std::setprecision(1) << secs << " s; " << elapsed << " s total)" << std::defaultfloat << std::endl;
       row.final_losses.push_back(r.final_val_loss);
@@ -112,13 +124,15 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
 
   const double target = c.target_loss > 0.0 ? c.target_loss : mean_of(rows.front().final_losses);
   for (auto& row : rows)
-    for (const auto& evals : curves[row.algorithm]) row.steps_to_target.push_back(first_step_at_or_below(evals, target));
+    for (const auto& evals : curves[row.algorithm])
+      row.steps_to_target.push_back(row.algorithm == "adamw" && c.target_loss <= 0.0 ? static_cast<double>(c.base.steps)
+                                                                                     : steps_to_reach(evals, target));
 
   // ---- tables ----
   auto reached = [](const CompareRow& r) {
     std::vector<double> v;
-    for (int64_t s : r.steps_to_target)
-      if (s >= 0) v.push_back(static_cast<double>(s));
+    for (double s : r.steps_to_target)
+      if (s >= 0) v.push_back(s);
     return v;
   };
   double adamw_steps = std::nan("");
@@ -134,10 +148,10 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
     const auto hit = reached(r);
     const double m = mean_of(r.final_losses), sd = std_of(r.final_losses);
     const double steps = mean_of(hit);
-    csv << r.algorithm << "," << r.lr << "," << r.final_losses.size() << "," << std::setprecision(6) << m << "," << sd
-        << "," << bits_per_byte(m) << "," << target << "," << (hit.empty() ? std::string("") : std::to_string(steps)) << ","
-        << hit.size() << "," << std::setprecision(3) << r.optimizer_ms_per_step << "," << std::setprecision(0)
-        << r.tokens_per_s << "\n";
+    csv << r.algorithm << "," << lr_text(r.lr) << "," << r.final_losses.size() << "," << std::defaultfloat
+        << std::setprecision(6) << m << "," << sd << "," << bits_per_byte(m) << "," << target << ","
+        << (hit.empty() ? std::string("") : std::to_string(steps)) << "," << hit.size() << "," << std::fixed
+        << std::setprecision(3) << r.optimizer_ms_per_step << "," << std::setprecision(0) << r.tokens_per_s << "\n";
     std::ostringstream steps_cell, vs_cell;
     if (hit.empty()) {
       steps_cell << "not reached";
@@ -149,7 +163,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       vs_cell << std::showpos << std::fixed << std::setprecision(0) << 100.0 * (steps - adamw_steps) / adamw_steps << "%";
     else
       vs_cell << "–";
-    md << "| " << r.algorithm << " | " << std::defaultfloat << r.lr << " | " << std::fixed << std::setprecision(4) << m
+    md << "| " << r.algorithm << " | " << lr_text(r.lr) << " | " << std::fixed << std::setprecision(4) << m
        << " ± " << sd << " | " << std::setprecision(3) << bits_per_byte(m) << " | " << steps_cell.str() << " | "
        << vs_cell.str() << " | " << std::setprecision(2) << r.optimizer_ms_per_step << " | " << std::setprecision(0)
        << r.tokens_per_s << " |\n";
@@ -158,7 +172,7 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
   md << "\n" << c.base.preset << " preset, " << c.base.steps << " steps of " << c.base.batch_size << "×"
      << (c.base.context ? std::to_string(c.base.context) : std::string("preset-context")) << " bytes (grad_accum "
      << c.base.grad_accum << "), " << c.seeds.size() << " seed(s), evaluation every " << c.base.eval_every
-     << " steps (steps to target have that resolution); target = "
+     << " steps (steps to target interpolated between evaluations); target = "
      << (c.target_loss > 0.0 ? "--target-loss" : "AdamW's mean final validation loss") << ". Wall time "
      << std::setprecision(0) << total_s << " s.\n";
   write_file_atomically((fs::path(c.run_dir) / "compare.md").string(), md.str());

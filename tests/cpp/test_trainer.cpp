@@ -24,6 +24,7 @@
 
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/schedule.h"
+#include "orthopt/train/trainer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -478,4 +479,12 @@ TEST(Trainer, MoEResumeIsBitExactAndBiasesMove) {
   moe_archive.read("bias", bias, /*is_buffer=*/true);
   EXPECT_GT(bias.abs().max().item<double>(), 0.005);
   EXPECT_LE(bias.abs().max().item<double>(), 0.06 + 1e-6);
+}
+
+TEST(Trainer, StepsToReachInterpolatesBetweenEvaluations) {
+  const std::vector<EvalPoint> evals = {{25, 2.0}, {50, 1.8}, {75, 1.6}, {100, 1.7}};
+  EXPECT_DOUBLE_EQ(steps_to_reach(evals, 1.7), 62.5);   // halfway between 1.8 at 50 and 1.6 at 75
+  EXPECT_DOUBLE_EQ(steps_to_reach(evals, 1.8), 50.0);   // exactly at an evaluation
+  EXPECT_DOUBLE_EQ(steps_to_reach(evals, 2.5), 25.0);   // already below at the first evaluation
+  EXPECT_DOUBLE_EQ(steps_to_reach(evals, 1.5), -1.0);   // never
 }

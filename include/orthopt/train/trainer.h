@@ -34,6 +34,10 @@ struct TrainResult {
 // Throws c10::Error on bad input and NonFiniteAbort (guards.h) when the firewall gives up.
 TrainResult train(const TrainConfig& c, std::ostream& log);
 
+// Step where `evals` first reaches `target` (loss <= target), linearly interpolated between the
+// evaluation before and the one at the crossing; -1 if never.
+double steps_to_reach(const std::vector<EvalPoint>& evals, double target);
+
 // Bits per byte of a loss in nats per byte.
 double bits_per_byte(double loss_nats);
 
@@ -52,7 +56,10 @@ struct CompareRow {
   std::string algorithm;
   double lr = 0.0;
   std::vector<double> final_losses;          // one per seed
-  std::vector<int64_t> steps_to_target;      // one per seed; -1: not reached
+  // One per seed: where the validation curve first reaches the target, linearly interpolated
+  // between the two evaluations around the crossing; -1: not reached. With the default target
+  // (AdamW's mean final loss) AdamW's own entries are its step budget, by definition.
+  std::vector<double> steps_to_target;
   double optimizer_ms_per_step = 0.0;        // mean over seeds
   double tokens_per_s = 0.0;                 // mean over seeds
 };
