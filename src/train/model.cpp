@@ -153,7 +153,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x, at::Tensor* z_loss) {
     auto gate = (gates * hit).sum(-1).index_select(0, rows).unsqueeze(-1);
     auto h = flat.index_select(0, rows);
     auto y = at::matmul(at::silu(at::matmul(h, w_gate[e].t())) * at::matmul(h, w_up[e].t()), w_down[e].t());
-    out = out.index_add(0, rows, y * gate.to(y.scalar_type()));
+    // Under CUDA autocast y comes back in bf16 while the residual stream stays fp32.
+    out = out.index_add(0, rows, y.to(out.scalar_type()) * gate.to(out.scalar_type()));
   }
   return out.view(x.sizes());
 }
