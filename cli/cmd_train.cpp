@@ -142,8 +142,10 @@ void add_config_flags(CLI::App* cmd, TrainArgs& args, const std::vector<std::str
   for (const auto& spec : flag_specs()) {
     if (std::find(skip.begin(), skip.end(), spec.key) != skip.end()) continue;
     // Given twice, the last value wins (like most CLIs; scripts append overrides).
+    static const char* type_names[] = {"INT", "UINT", "FLOAT", "TEXT", "BOOL", "INT,..."};
     args.options[spec.key] = cmd->add_option(flag_of(spec.key), args.values[spec.key], spec.help)
-                                 ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+                                 ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+                                 ->type_name(type_names[static_cast<int>(spec.kind)]);
   }
 }
 
