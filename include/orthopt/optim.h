@@ -63,6 +63,9 @@ struct ParamGroup {
   GroupOptions options;
 };
 
+// How errors name a parameter: "parameter 'name' (group g)", or by index without a name.
+std::string param_label(const ParamGroup& g, size_t group, size_t index);
+
 class OptimizerImpl;
 
 class Optimizer {

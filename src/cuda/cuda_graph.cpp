@@ -62,14 +62,6 @@ const char* first_difference(const GroupOptions& a, const GroupOptions& b) {
   return nullptr;
 }
 
-std::string label(const ParamGroup& g, size_t group, size_t index) {
-  std::ostringstream s;
-  if (index < g.names.size() && !g.names[index].empty())
-    s << "parameter '" << g.names[index] << "' (group " << group << ")";
-  else
-    s << "parameter " << index << " of group " << group;
-  return s.str();
-}
 
 }  // namespace
 
@@ -124,7 +116,7 @@ struct CudaGraphOptimizer::Impl {
     for (size_t g = 0; g < groups.size(); ++g)
       for (size_t i = 0; i < groups[g].params.size(); ++i) {
         const at::Tensor& p = groups[g].params[i];
-        TORCH_CHECK(!p.requires_grad() || p.grad().defined(), "CudaGraphOptimizer: ", label(groups[g], g, i),
+        TORCH_CHECK(!p.requires_grad() || p.grad().defined(), "CudaGraphOptimizer: ", param_label(groups[g], g, i),
                     " requires grad but has no gradient at capture; the captured step would never update it. Run "
                     "backward() so every trainable parameter has a gradient, or set requires_grad=false for frozen "
                     "ones (or keep them in an eager optimizer)");
@@ -163,19 +155,19 @@ struct CudaGraphOptimizer::Impl {
                     "to re-capture with the new options.");
       for (size_t i = 0; i < groups[g].params.size(); ++i) {
         const at::Tensor& p = groups[g].params[i];
-        TORCH_CHECK(p.data_ptr() == record.param_ptrs[g][i], "CudaGraphOptimizer: ", label(groups[g], g, i),
+        TORCH_CHECK(p.data_ptr() == record.param_ptrs[g][i], "CudaGraphOptimizer: ", param_label(groups[g], g, i),
                     " was given new storage after capture.", kHint);
         const void* captured_grad = record.grad_ptrs[g][i];
         const at::Tensor& grad = p.grad();
         if (captured_grad == nullptr) {
-          TORCH_CHECK(!grad.defined(), "CudaGraphOptimizer: ", label(groups[g], g, i),
+          TORCH_CHECK(!grad.defined(), "CudaGraphOptimizer: ", param_label(groups[g], g, i),
                       " had no gradient at capture but has one now; the graph does not update it.", kHint);
           continue;
         }
-        TORCH_CHECK(grad.defined(), "CudaGraphOptimizer: the gradient of ", label(groups[g], g, i),
+        TORCH_CHECK(grad.defined(), "CudaGraphOptimizer: the gradient of ", param_label(groups[g], g, i),
                     " is gone (zero_grad(set_to_none=true)?); the graph reads the gradient buffers it captured: "
                     "use zero_grad(set_to_none=false) on the captured path.", kHint);
-        TORCH_CHECK(grad.data_ptr() == captured_grad, "CudaGraphOptimizer: the gradient of ", label(groups[g], g, i),
+        TORCH_CHECK(grad.data_ptr() == captured_grad, "CudaGraphOptimizer: the gradient of ", param_label(groups[g], g, i),
                     " lives in a new buffer since capture (was .grad set to None or reassigned?); the graph reads "
                     "the buffers it captured: use zero_grad(set_to_none=false) on the captured path.", kHint);
       }
@@ -262,7 +254,7 @@ CudaGraphOptimizer::CudaGraphOptimizer(Optimizer& opt, int warmup_steps) {
     for (size_t i = 0; i < groups[g].params.size(); ++i) {
       const at::Tensor& p = groups[g].params[i];
       TORCH_CHECK(p.is_cuda(), "CudaGraphOptimizer: CUDA graphs need the parameters on a CUDA device, but ",
-                  label(groups[g], g, i), " is on ", p.device());
+                  param_label(groups[g], g, i), " is on ", p.device());
       if (!device) device = p.device();
     }
   }

@@ -78,6 +78,15 @@ bool is_matrix_algorithm(Algorithm a) {
 
 // ---------------------------------------------------------------- helpers
 
+std::string param_label(const ParamGroup& g, size_t group, size_t index) {
+  std::ostringstream s;
+  if (index < g.names.size() && !g.names[index].empty())
+    s << "parameter '" << g.names[index] << "' (group " << group << ")";
+  else
+    s << "parameter " << index << " of group " << group;
+  return s.str();
+}
+
 namespace {
 
 bool is_low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
@@ -103,15 +112,6 @@ at::ScalarType state_dtype(const at::Tensor& p, const GroupOptions& o) {
 std::vector<int64_t> matrix_sizes(const at::Tensor& p, const GroupOptions& o) {
   if (o.ortho.flatten && p.dim() > 2) return {p.size(0), p.numel() / std::max<int64_t>(p.size(0), 1)};
   return p.sizes().vec();
-}
-
-std::string param_label(const ParamGroup& g, size_t group, size_t index) {
-  std::ostringstream s;
-  if (index < g.names.size() && !g.names[index].empty())
-    s << "parameter '" << g.names[index] << "' (group " << group << ")";
-  else
-    s << "parameter " << index << " of group " << group;
-  return s.str();
 }
 
 struct StateSpec {
