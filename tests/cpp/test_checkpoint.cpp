@@ -2,6 +2,7 @@
 // of a write — at every fault-injection stage and by real SIGKILLs at random times — never leaves a
 // step_<N> that latest_valid_checkpoint accepts but that does not verify, and the previous
 // checkpoint stays usable. Plus corruption, config mismatch, overwrite and prune rules.
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -95,14 +96,7 @@ std::vector<std::string> tmp_entries(const std::string& run_dir) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using orthopt::test::error_of;
 
 void flip_byte(const std::string& path, size_t offset) {
   std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);

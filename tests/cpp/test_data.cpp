@@ -1,5 +1,6 @@
 // Trainer data: text validation, the train/validation split, the seeded batch sampler and
 // the default corpus.
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -30,14 +31,7 @@ struct TempDir {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using orthopt::test::error_of;
 
 }  // namespace
 

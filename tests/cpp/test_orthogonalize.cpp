@@ -7,6 +7,7 @@
 // Inputs are built as U·diag(s)·Vᵀ with random orthonormal U, V and s log-spaced, so the
 // singular values are known and spread (1e-3..1 unless a test says otherwise).
 
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -169,16 +170,7 @@ RefSchedule reference_for(const std::string& schedule) {
   return ref_schedule(schedule);
 }
 
-// The error message of `f`, or "" when it does not throw c10::Error.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using orthopt::test::error_of;
 
 // Expects `f` to throw a c10::Error whose message names `argument`.
 template <class F>
