@@ -163,8 +163,10 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       vs_cell << std::showpos << std::fixed << std::setprecision(0) << 100.0 * (steps - adamw_steps) / adamw_steps << "%";
     else
       vs_cell << "–";
+    std::ostringstream sd_cell;  // a standard deviation needs two seeds
+    if (r.final_losses.size() >= 2) sd_cell << std::fixed << std::setprecision(4) << sd; else sd_cell << "–";
     md << "| " << r.algorithm << " | " << lr_text(r.lr) << " | " << std::fixed << std::setprecision(4) << m
-       << " ± " << sd << " | " << std::setprecision(3) << bits_per_byte(m) << " | " << steps_cell.str() << " | "
+       << " ± " << sd_cell.str() << " | " << std::setprecision(3) << bits_per_byte(m) << " | " << steps_cell.str() << " | "
        << vs_cell.str() << " | " << std::setprecision(2) << r.optimizer_ms_per_step << " | " << std::setprecision(0)
        << r.tokens_per_s << " |\n";
   }
