@@ -1,6 +1,7 @@
 // `orthopt train --nproc N` end to end through the real binary ($ORTHOPT_BIN, set by ctest):
 // the ranks train, checkpoint their optimizer shards and sampler states, and resume — with the
 // same world size bit-exactly like the uninterrupted run, with another one after re-sharding.
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,27 +20,11 @@ using nlohmann::json;
 
 namespace {
 
-std::string bin() {
-  const char* b = std::getenv("ORTHOPT_BIN");
-  return b ? b : "build/orthopt";
-}
+using orthopt::test::read_file;
+std::string bin() { return orthopt::test::orthopt_bin(); }
 
-fs::path scratch() {
-  static const fs::path root = [] {
-    auto p = fs::temp_directory_path() / ("orthopt_test_dist_train_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return root;
-}
+fs::path scratch() { return orthopt::test::scratch_root("orthopt_test_dist_train"); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A small deterministic text (40 KB) so the test does not depend on the default corpus.
 std::string corpus() {

@@ -2,6 +2,7 @@
 // the non-finite firewall, crash safety under SIGKILL and injected faults during checkpoint
 // writes, clear errors that leave the run directory untouched, gradient accumulation and a
 // quick `orthopt compare`. Tiny model, 32-byte context, 4 sequences per batch: seconds per run.
+#include "test_util.h"
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,20 +33,10 @@ using namespace orthopt::train;
 
 namespace {
 
-std::string bin() {
-  const char* b = std::getenv("ORTHOPT_BIN");
-  return b ? b : "build/orthopt";
-}
+using orthopt::test::read_file;
+std::string bin() { return orthopt::test::orthopt_bin(); }
 
-fs::path scratch_root() {
-  static const fs::path root = [] {
-    auto p = fs::temp_directory_path() / ("orthopt_test_trainer_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return root;
-}
+fs::path scratch_root() { return orthopt::test::scratch_root("orthopt_test_trainer"); }
 
 fs::path fresh_dir(const std::string& name) {
   auto p = scratch_root() / name;
@@ -53,12 +44,6 @@ fs::path fresh_dir(const std::string& name) {
   return p;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A small deterministic English-like corpus (60 KB), independent of the Bible cache.
 std::string corpus_path() {
