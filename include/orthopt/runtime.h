@@ -1,6 +1,8 @@
 #pragma once
 // Process-wide runtime setup shared by the CLI, the tests and the Python module.
 
+#include <string>
+
 namespace orthopt {
 
 // Sets torch's intra-op thread count to the number of cores (Debian's torch starts
@@ -9,5 +11,11 @@ void init_runtime();
 
 // Number of hardware threads available to this process.
 int available_cores();
+
+// File name of the shared object whose std::filesystem code this library runs. It must be the
+// system libstdc++: pip's torch 2.x exports its own static copy of those symbols
+// (pytorch/pytorch#133437), built from other headers, and calls bound to it crash. The build
+// makes libstdc++ the first dependency of every orthopt binary (CMakeLists.txt); tests check it.
+std::string filesystem_provider();
 
 }  // namespace orthopt

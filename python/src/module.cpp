@@ -76,6 +76,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("flatten") = false, py::arg("gram_aspect_threshold") = 1.5, py::arg("safety") = py::none(),
         py::arg("eps") = py::none(), py::arg("nonfinite") = "error",
         "Approximate polar factor of G [m, n] or [..., m, n] by Newton–Schulz.");
+  m.def("filesystem_provider", &orthopt::filesystem_provider,
+        "Shared object that runs the library's std::filesystem code (must be the system libstdc++).");
   m.def("schedules", &py_schedules, "Each built-in schedule's name, triples, tail, safety and eps.");
   orthopt::python::register_all(m);
 }

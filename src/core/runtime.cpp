@@ -1,9 +1,12 @@
 #include "orthopt/runtime.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <sched.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 namespace orthopt {
@@ -30,6 +33,16 @@ void init_runtime() {
     }
   }
   at::set_num_threads(threads);
+}
+
+std::string filesystem_provider() {
+  // The address as this library sees it: resolved through its own GOT entry, i.e. the binding
+  // the dynamic linker chose for liborthopt's calls.
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&);
+  RemoveAll fn = &std::filesystem::remove_all;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(fn), &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  return info.dli_fname;
 }
 
 }  // namespace orthopt
