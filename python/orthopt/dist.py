@@ -312,7 +312,10 @@ class DistributedEngine:
         for g, i in self.dlocal:
             loc = _dt.local(groups[g]["params"][i])
             if loc.numel():  # an empty shard (fewer experts than ranks) has nothing to step
-                self.items.append(_Item(g, i, "local", 0, loc.detach().clone(), self._label(g, i)))
+                # Copies of the shard and its gradient: the C++ optimizer keeps its tensors, while a
+                # DTensor's local tensor and gradient may be replaced between steps (FSDP2).
+                t = loc.detach().clone()
+                self.items.append(_Item(g, i, "local", 0, t, self._label(g, i), torch.empty_like(t)))
         self.owner = {}
         load = {}
         for g, i in self.dgather:  # owner: the least loaded rank of the param's mesh, by elements
@@ -323,8 +326,8 @@ class DistributedEngine:
             counts[owner] += p.numel()
             self.owner[(g, i)] = owner
             if owner == _dt.mesh_rank(p):
-                self.items.append(_Item(g, i, "full", 0, torch.empty(tuple(p.shape), dtype=p.dtype,
-                                                                     device=_dt.local(p).device), self._label(g, i)))
+                t = torch.empty(tuple(p.shape), dtype=p.dtype, device=_dt.local(p).device)
+                self.items.append(_Item(g, i, "full", 0, t, self._label(g, i), torch.empty_like(t)))
 
     def _build_local(self, groups):
         by_group = {}
@@ -448,11 +451,13 @@ class DistributedEngine:
             dist.all_gather(list(self.param_flat.chunk(N)), own, group=self.pg)
 
     def _dtensor_before(self):
+        """Local shards and their gradients into the C++ tensors; gathered params to their owner."""
         for it in self.items:
             if it.kind == "local":
                 p = self._params(it.group, it.param)
                 it.tensor.copy_(_dt.local(p))
-                it.tensor.grad = _dt.local_grad(p)
+                grad = _dt.local_grad(p)
+                it.tensor.grad = None if grad is None else it.grad_view.copy_(grad)
         mine = {(it.group, it.param): it for it in self.items if it.kind == "full"}
         values = []
         for gi in self.dgather:  # same order on every rank: the collectives pair up
@@ -462,12 +467,14 @@ class DistributedEngine:
                     it.tensor.grad = None
                 values.append(None)
                 continue
-            grad, value = _dt.full(p.grad), _dt.full(p)
             if it is not None:
-                it.tensor.copy_(value)
-                it.tensor.grad = grad
-                value = it.tensor
-            values.append(value)
+                _dt.full_into(p.grad, it.grad_view)
+                it.tensor.grad = it.grad_view
+                values.append(_dt.full_into(p, it.tensor))
+            else:  # take part in the all-gathers; the buffer then receives the owner's result
+                buf = torch.empty(tuple(p.shape), dtype=p.dtype, device=_dt.local(p).device)
+                _dt.full_into(p.grad, buf)
+                values.append(_dt.full_into(p, buf))
         return values
 
     def _dtensor_after(self, values):

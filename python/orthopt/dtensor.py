@@ -70,8 +70,10 @@ def local_grad(p):
     return g.to_local()
 
 
-def full(t):
-    return t.full_tensor()
+def full_into(t, out):
+    """out <- the whole of DTensor ``t`` (an all-gather over its mesh); a plain tensor, whatever
+    full_tensor() returns (an async collective result in some versions)."""
+    return out.copy_(t.full_tensor())
 
 
 def mesh_size(p):
