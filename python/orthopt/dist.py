@@ -152,13 +152,18 @@ class DistributedEngine:
             raise RuntimeError(f"{name}: process_group was given (or a parameter is a DTensor) but torch.distributed "
                                "is not initialized: call torch.distributed.init_process_group first")
         self.opt, self.pg = opt, process_group
-        # Group for the start-up check and full_state_dict (DTensor-only optimizers: the world).
-        self.group = process_group if process_group is not None else dist.group.WORLD
-        self.rank = dist.get_rank(self.group)
+        groups = opt.param_groups
+        # Group of the start-up check and full_state_dict; without process_group the ranks of the
+        # DTensors' mesh (None: a multi-dim mesh on part of the world, e.g. a pipeline stage).
+        self.group = process_group
+        if process_group is None:
+            first = next(p for g in groups for p in g["params"] if _dt.is_dtensor(p))
+            self.group = _dt.check_group(first) if _dt.available() else dist.group.WORLD
+        in_group = self.group is not None
+        self.rank = dist.get_rank(self.group) if in_group else dist.get_rank()
         if self.rank < 0:
             raise RuntimeError(f"{name}: this process (global rank {dist.get_rank()}) is not in process_group")
-        self.world = dist.get_world_size(self.group)
-        groups = opt.param_groups
+        self.world = dist.get_world_size(self.group) if in_group else dist.get_world_size()
         self.algorithms = [g["algorithm"] for g in groups]
         self.flat, self.replica, self.dlocal, self.dgather = [], [], [], []
         self.native = False
@@ -247,6 +252,10 @@ class DistributedEngine:
 
     def _check_same(self, name, error):
         """All ranks exchange their description and local error; any problem raises on every rank."""
+        if self.group is None:  # no group spans exactly these ranks: local checks only
+            if error:
+                raise RuntimeError(f"{name}: {error}")
+            return
         gathered = [None] * self.world
         dist.all_gather_object(gathered, (self.description, error), group=self.group)
         errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]

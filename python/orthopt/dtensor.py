@@ -51,6 +51,15 @@ def gather_problem(p):
     return None
 
 
+def check_group(p):
+    """The group of the ranks that hold ``p`` (for the start-up check), or None if there is none
+    at hand (a multi-dim mesh on part of the world)."""
+    mesh = p.device_mesh
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    return dist.group.WORLD if mesh.size() == dist.get_world_size() else None
+
+
 def describe(p):
     return f"DTensor {tuple(p.shape)} {p.dtype} mesh {tuple(p.device_mesh.shape)} {tuple(p.placements)}"
 
