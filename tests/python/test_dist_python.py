@@ -316,8 +316,12 @@ def free_port():
 
 def launch(world, scenarios, out, extra_env=None, timeout=120):
     """Runs `world` ranks of this file's worker; returns {scenario: [result of rank r]}."""
-    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_PORT=str(free_port()), ORTHOPT_TEST_OUT=str(out),
-               ORTHOPT_TEST_SCENARIOS=",".join(scenarios), OMP_NUM_THREADS="1", **(extra_env or {}))
+    # The workers import the same orthopt as this process, whatever the cwd and PYTHONPATH.
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(orthopt.__file__)))
+    path = os.pathsep.join([pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = dict(os.environ, PYTHONPATH=path, WORLD_SIZE=str(world), MASTER_PORT=str(free_port()),
+               ORTHOPT_TEST_OUT=str(out), ORTHOPT_TEST_SCENARIOS=",".join(scenarios), OMP_NUM_THREADS="1",
+               **(extra_env or {}))
     procs = [subprocess.Popen([sys.executable, __file__, "worker"], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
     deadline = time.time() + timeout
