@@ -27,6 +27,9 @@ class CudaGraphOptimizer:
     """Graph-captured ``step()`` of an orthopt optimizer (``orthopt.Muon``, ``NorMuon``, ...)."""
 
     def __init__(self, optimizer, warmup_steps=10):
+        if getattr(optimizer, "_dist", None) is not None:
+            raise TypeError("CudaGraphOptimizer: distributed optimizers (process_group or DTensor params) "
+                            "cannot be captured (their step runs collectives and host-side bookkeeping)")
         if not isinstance(getattr(optimizer, "_cpp", None), _C.Optimizer):
             raise TypeError("CudaGraphOptimizer: argument 'optimizer' must be an orthopt optimizer "
                             f"(orthopt.Muon, NorMuon, Dion3, AdamW, Lion, ...), got {type(optimizer).__name__}")

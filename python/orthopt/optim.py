@@ -5,12 +5,17 @@ schedulers edit them as usual; they are synced into C++ before every step), ``st
 the live C++ state tensors (so ``state_dict()`` is torch's own), and ``step()`` runs the C++
 step. A group may carry an ``algorithm`` key (muon | normuon | dion3 | dion | adamw | lion),
 so one optimizer can mix matrix and scalar groups like the dion package.
+
+``process_group=pg`` (a torch.distributed group of any backend) makes the optimizer data
+parallel with whole-matrix ownership (orthopt.dist, docs/distributed.md); DTensor parameters
+(FSDP2) are handled too (orthopt.dtensor). None (the default) is the single-process optimizer.
 """
 from collections import defaultdict
 
 import torch
 
 from . import _C
+from . import dtensor as _dt
 
 __all__ = ["Muon", "NorMuon", "Dion3", "Dion", "AdamW", "Lion", "param_groups"]
 
@@ -63,7 +68,7 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
 
     _defaults = {}
 
-    def __init__(self, params, **kwargs):
+    def __init__(self, params, process_group=None, **kwargs):
         unknown = sorted(set(kwargs) - _OPTION_KEYS)
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown option(s) {unknown}; known: {sorted(_OPTION_KEYS)}")
@@ -71,11 +76,17 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         defaults.update(self._defaults)
         defaults.update(kwargs)
         self._cpp = None
+        self._dist = None          # orthopt.dist.DistributedEngine in distributed mode
         self._step_offset = 0      # steps taken by C++ optimizers replaced in add_param_group
         self._skip_set = False
         super().__init__(params, defaults)
         self._synced = [None] * len(self.param_groups)
-        self._cpp = self._build()
+        self.process_group = process_group
+        if process_group is not None or any(_dt.is_dtensor(p) for g in self.param_groups for p in g["params"]):
+            from .dist import DistributedEngine
+            self._dist = DistributedEngine(self, process_group)
+        else:
+            self._cpp = self._build()
 
     # -- construction
 
@@ -84,6 +95,9 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         unknown = sorted(set(given) - _OPTION_KEYS - _PASSTHROUGH_KEYS)
         if unknown:
             raise ValueError(f"param group {len(self.param_groups)}: unknown option(s) {unknown}")
+        if self._dist is not None:
+            raise RuntimeError("add_param_group: not supported by a distributed optimizer (its layout is fixed at "
+                               "construction); build it with every group")
         super().add_param_group(param_group)
         if self._cpp is not None:  # a group added later: rebuild, keeping the state
             old = self._cpp
@@ -115,6 +129,8 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
 
     def _sync(self, force=False):
         """Pushes changed hyperparameters (e.g. from an LR scheduler) into C++."""
+        if self._dist is not None:
+            return self._dist.sync(force)
         for g, group in enumerate(self.param_groups):
             opts = _cpp_options(group)
             if force or opts != self._synced[g]:
@@ -136,6 +152,9 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._dist is not None:
+            self._dist.step()  # syncs hyperparameters itself
+            return loss
         self._sync()
         self._cpp.step()
         self._alias_state()
@@ -144,23 +163,44 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
     # -- device-side hyperparameters (CUDA-graph friendly), see include/orthopt/optim.h
 
     def set_lr_scale(self, factor):
-        self._cpp.set_lr_scale(float(factor))
+        (self._dist or self._cpp).set_lr_scale(float(factor))
 
     def set_skip_factor(self, factor):
-        self._cpp.set_skip_factor(torch.as_tensor(factor, dtype=torch.float32))
+        """Distributed: must be the same on every rank (e.g. from all-reduced loss / grad norm)."""
+        (self._dist or self._cpp).set_skip_factor(torch.as_tensor(factor, dtype=torch.float32))
         self._skip_set = True
 
     @property
     def step_count(self):
+        if self._dist is not None:
+            return self._dist.step_count
         return self._step_offset + self._cpp.step_count
 
     @property
     def state_bytes(self):
-        return self._cpp.state_bytes
+        """Bytes of optimizer state held by this process (distributed: this rank's share)."""
+        return (self._dist or self._cpp).state_bytes
 
     # -- state dict
 
+    def state_dict(self):
+        """Single process: torch's format. Distributed: this rank's shard (its pieces' state, the
+        hyperparameters, the layout); load it on the same rank at the same world size."""
+        if self._dist is not None:
+            return self._dist.state_dict()
+        return super().state_dict()
+
+    def full_state_dict(self):
+        """The single-process state dict. Distributed: a collective (call it on every rank) that
+        gathers the shards into it, CPU tensors on every rank; any world size, and a
+        single-process optimizer, can load it."""
+        if self._dist is not None:
+            return self._dist.full_state_dict()
+        return self.state_dict()
+
     def load_state_dict(self, state_dict):
+        if self._dist is not None:
+            return self._dist.load_state_dict(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, "

@@ -1,0 +1,658 @@
+"""Data-parallel orthopt optimizers on a torch.distributed process group (docs/distributed.md).
+
+``orthopt.Muon(params, process_group=pg)`` (any of the classes) runs a ``DistributedEngine``:
+the layout of the C++ ``orthopt::dist::DistributedOptimizer`` (src/dist/distributed_optimizer.cpp)
+driven by torch.distributed collectives on the caller's group, so any backend works and no
+c10d type crosses between torch's module and ours; the math is the C++ step (orthopt._C) on
+the pieces this rank owns.
+
+Layout (the same on every rank; a port of build_layout):
+  matrix group: one bank per matrix shape (m, k), in order of first appearance; a 2-D param is
+    one matrix, a [..., m, k] param prod(leading) matrices, with `flatten` a >=3-D param one
+    matrix. A bank of B matrices is padded to N*ceil(B/N); block j of P = ceil(B/N) matrices
+    goes to rank (j + shift) % N, the shift chosen greedily so the most loaded rank stays lightest.
+  scalar group (adamw, lion): its params flattened into one vector, padded, cut into N blocks.
+Rank r's chunk is its block of every segment. A step: pack the gradients into [N*chunk],
+reduce-scatter (sum; other backends than NCCL: all-reduce + slice), divide by N, C++ step on the
+owned pieces, all-gather the parameter chunks, copy them into the params.
+
+Owned pieces are the local C++ optimizer's parameters: one [m, k] view per owned matrix (the
+param's own shape when it is one matrix), one 1-D view per (scalar param, owned range). So a
+group's same-shape matrices are orthogonalized in one batched call, and a piece's state is a
+slice of its param's single-process state (what full_state_dict / load_state_dict re-shard).
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from . import dtensor as _dt
+from .optim import _cpp_options
+
+__all__ = ["DistributedEngine", "build_layout"]
+
+_MATRIX = frozenset({"muon", "normuon", "dion3", "dion"})
+SHARD_FORMAT = "orthopt.dist.python.shard.v1"
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class _Segment:
+    """One bank of same-shape matrices or one scalar group's flat vector."""
+
+    def __init__(self, group, is_bank, rows=0, cols=0):
+        self.group, self.is_bank, self.rows, self.cols = group, is_bank, rows, cols
+        self.units = 0          # matrices (bank) or elements (scalar), before padding
+        self.per_rank = 0       # block size P
+        self.chunk_offset = 0   # offset inside every rank's chunk
+        self.world, self.shift = 1, 0
+
+    @property
+    def unit_numel(self):
+        return self.rows * self.cols if self.is_bank else 1
+
+    def owned(self, r):
+        block = (r - self.shift) % self.world
+        return min(self.units, block * self.per_rank), min(self.units, (block + 1) * self.per_rank)
+
+    def runs(self, first, n):
+        """(unit offset in the member, owner, unit offset in the owner's block, units) of [first, first+n)."""
+        out, u = [], first
+        while u < first + n:
+            block = u // self.per_rank
+            end = min(first + n, (block + 1) * self.per_rank)
+            out.append((u - first, (block + self.shift) % self.world, u - block * self.per_rank, end - u))
+            u = end
+        return out
+
+
+def matrix_shape(shape, flatten):
+    """(rows, cols, count): how a matrix-group param of this shape enters its bank."""
+    if flatten and len(shape) >= 3:
+        return shape[0], math.prod(shape) // shape[0], 1
+    return shape[-2], shape[-1], math.prod(shape) // (shape[-2] * shape[-1])
+
+
+def build_layout(groups, world):
+    """``groups``: per group (algorithm, flatten, [(param index, shape), ...]).
+    Returns (segments, members, chunk); members: (segment, group, param index, first unit, units)."""
+    segments, members = [], []
+    for g, (algorithm, flatten, params) in enumerate(groups):
+        if algorithm in _MATRIX:
+            banks = {}
+            for i, shape in params:
+                rows, cols, count = matrix_shape(shape, flatten)
+                s = banks.get((rows, cols))
+                if s is None:
+                    s = banks[(rows, cols)] = len(segments)
+                    segments.append(_Segment(g, True, rows, cols))
+                members.append((s, g, i, segments[s].units, count))
+                segments[s].units += count
+        elif params:
+            s = len(segments)
+            segments.append(_Segment(g, False))
+            for i, shape in params:
+                members.append((s, g, i, segments[s].units, math.prod(shape)))
+                segments[s].units += math.prod(shape)
+    load, chunk = [0] * world, 0
+    for seg in segments:
+        seg.world, seg.per_rank = world, _ceil_div(seg.units, world)
+        best = None
+        for shift in range(world):  # same rule as the C++ layout: min max load, then even spread
+            seg.shift = shift
+            loads = [load[r] + (seg.owned(r)[1] - seg.owned(r)[0]) * seg.unit_numel for r in range(world)]
+            key = (max(loads), sum(float(x) * float(x) for x in loads))
+            if best is None or key < best[0]:
+                best = (key, shift)
+        seg.shift = best[1]
+        for r in range(world):
+            b, e = seg.owned(r)
+            load[r] += (e - b) * seg.unit_numel
+        seg.chunk_offset = chunk
+        chunk += seg.per_rank * seg.unit_numel
+    return segments, members, chunk
+
+
+class _Item:
+    """One parameter of the local C++ optimizer.
+
+    kind: 'whole' (an owned param that is one matrix), 'matrix' (matrix `offset` of a stack),
+    'flat' (elements [offset, offset + numel) of a scalar param), 'local' (a DTensor's local
+    shard), 'full' (a gathered DTensor on its owner), 'replica' (a plain param without a group).
+    """
+
+    def __init__(self, group, param, kind, offset, tensor, name, grad_view=None, flag=-1):
+        self.group, self.param, self.kind, self.offset = group, param, kind, offset
+        self.tensor, self.name, self.grad_view, self.flag = tensor, name, grad_view, flag
+        self.local_group = self.local_index = -1
+
+    @property
+    def key(self):
+        return (self.group, self.param, self.kind, self.offset)
+
+
+def _first_difference(a, b, r):
+    for (la, va), (lb, vb) in zip(a, b):
+        if (la, va) != (lb, vb):
+            if la == lb:
+                return f"{la}: rank 0 has {va}, rank {r} has {vb}"
+            return f"rank 0 has '{la}: {va}', rank {r} has '{lb}: {vb}'"
+    return f"rank 0 describes {len(a)} items, rank {r} {len(b)}"
+
+
+class DistributedEngine:
+    """The distributed state of an orthopt optimizer ``opt`` (see the module docstring)."""
+
+    def __init__(self, opt, process_group):
+        name = type(opt).__name__
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(f"{name}: process_group was given (or a parameter is a DTensor) but torch.distributed "
+                               "is not initialized: call torch.distributed.init_process_group first")
+        self.opt, self.pg = opt, process_group
+        groups = opt.param_groups
+        # Group of the start-up check and full_state_dict; without process_group the ranks of the
+        # DTensors' mesh (None: a multi-dim mesh on part of the world, e.g. a pipeline stage).
+        self.group = process_group
+        if process_group is None:
+            first = next(p for g in groups for p in g["params"] if _dt.is_dtensor(p))
+            self.group = _dt.check_group(first) if _dt.available() else dist.group.WORLD
+        in_group = self.group is not None
+        self.rank = dist.get_rank(self.group) if in_group else dist.get_rank()
+        if self.rank < 0:
+            raise RuntimeError(f"{name}: this process (global rank {dist.get_rank()}) is not in process_group")
+        self.world = dist.get_world_size(self.group) if in_group else dist.get_world_size()
+        self.algorithms = [g["algorithm"] for g in groups]
+        self.flat, self.replica, self.dlocal, self.dgather = [], [], [], []
+        self.native = False
+        error = None
+        try:
+            self._classify(groups)
+            # Options and shapes as C++ sees them, on meta tensors: every rank validates every group
+            # (a rank may own nothing of one), so a bad value fails everywhere alike.
+            _C.Optimizer([dict(_cpp_options(g), params=[torch.empty(tuple(p.shape), dtype=p.dtype, device="meta")
+                                                        for p in g["params"]]) for g in groups])
+        except Exception as e:  # noqa: BLE001  reported on every rank by the check below
+            error = f"{type(e).__name__}: {e}"
+        self.description = self._describe(groups)
+        self._check_same(name, error)
+        self.items = []
+        if self.flat:
+            self._build_flat(groups)
+        self._build_dtensor(groups)
+        for g, i in self.replica:  # stepped in place, with the param's own gradient
+            self.items.append(_Item(g, i, "replica", 0, groups[g]["params"][i], self._label(g, i)))
+        self._build_local(groups)
+        self.lr_scale, self.skip = 1.0, None
+        self.steps = torch.zeros((), dtype=torch.long)
+
+    # -- construction
+
+    def _label(self, g, i):
+        names = self.opt.param_groups[g].get("param_names")
+        return f"group {g} param {i}" + (f" ({names[i]})" if names else "")
+
+    def _classify(self, groups):
+        first = None
+        for g, group in enumerate(groups):
+            matrix = group["algorithm"] in _MATRIX
+            for i, p in enumerate(group["params"]):
+                label = self._label(g, i)
+                if matrix and p.dim() < 2:
+                    raise ValueError(f"{label} of shape {tuple(p.shape)} is in a '{group['algorithm']}' group but is "
+                                     "not a matrix (needs >= 2 dims); route it to adamw or lion")
+                if p.numel() == 0:
+                    raise ValueError(f"{label} is empty")
+                if _dt.is_dtensor(p):
+                    if not _dt.available():
+                        raise RuntimeError(f"{label} is a DTensor: DTensor parameters need torch >= 2.4")
+                    if _dt.is_local(p, matrix, bool(group.get("flatten"))):
+                        self.dlocal.append((g, i))
+                    else:
+                        problem = _dt.gather_problem(p)
+                        if problem:
+                            raise ValueError(f"{label} {problem}")
+                        self.dgather.append((g, i))
+                elif self.pg is None:
+                    self.replica.append((g, i))
+                else:
+                    if not p.is_contiguous():
+                        raise ValueError(f"{label} must be contiguous")
+                    if first is None:
+                        first = (p.dtype, p.device, label)
+                    elif (p.dtype, p.device) != first[:2]:
+                        raise ValueError(f"all parameters must share one dtype and device: {label} is {p.dtype} on "
+                                         f"{p.device}, {first[2]} is {first[0]} on {first[1]}")
+                    self.flat.append((g, i))
+        if first is not None:
+            backend = str(dist.get_backend(self.pg)).lower()
+            if ":" in backend:  # "cpu:gloo,cuda:nccl"
+                backend = dict(x.split(":", 1) for x in backend.split(",")).get(first[1].type, "")
+                if not backend:
+                    raise ValueError(f"{first[2]} is on {first[1]} but process_group has no backend for that device")
+            needs = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+            if needs and first[1].type != needs:
+                raise ValueError(f"{first[2]} is on {first[1]} but process_group's {backend} backend needs {needs} "
+                                 "tensors")
+            self.native = backend == "nccl"  # reduce_scatter_tensor; others emulate it (Gloo has none in 1.13)
+
+    def _describe(self, groups):
+        items = [("world size", self.world), ("process_group given", self.pg is not None),
+                 ("param groups", len(groups))]
+        for g, group in enumerate(groups):
+            opts = _cpp_options(group)
+            items += [(f"group {g} option '{k}'", repr(opts[k])) for k in sorted(opts)]
+            items.append((f"group {g} params", len(group["params"])))
+            for i, p in enumerate(group["params"]):
+                desc = _dt.describe(p) if _dt.is_dtensor(p) and _dt.available() else f"{tuple(p.shape)} {p.dtype}"
+                items.append((self._label(g, i), desc))
+        return items
+
+    def _check_same(self, name, error):
+        """All ranks exchange their description and local error; any problem raises on every rank."""
+        if self.group is None:  # no group spans exactly these ranks: local checks only
+            if error:
+                raise RuntimeError(f"{name}: {error}")
+            return
+        gathered = [None] * self.world
+        dist.all_gather_object(gathered, (self.description, error), group=self.group)
+        errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
+        if errors:
+            raise RuntimeError(f"{name}: " + "; ".join(errors))
+        ref = gathered[0][0]
+        bad = [r for r in range(1, self.world) if gathered[r][0] != ref]
+        if bad:
+            raise RuntimeError(f"{name}: optimizer configuration differs across ranks: rank(s) "
+                               f"{', '.join(map(str, bad))} disagree with rank 0; first difference: "
+                               f"{_first_difference(ref, gathered[bad[0]][0], bad[0])}")
+
+    def _build_flat(self, groups):
+        N, r = self.world, self.rank
+        spec = [(grp["algorithm"], bool(grp.get("flatten")), []) for grp in groups]
+        for g, i in self.flat:
+            spec[g][2].append((i, tuple(groups[g]["params"][i].shape)))
+        segments, members, C = build_layout(spec, N)
+        self.C = C
+        self.flag_of = {gi: k for k, gi in enumerate(self.flat)}
+        self.G = C + len(self.flat) + 1  # gradient chunk: data, one presence flag per param, an error flag
+        p0 = groups[self.flat[0][0]]["params"][self.flat[0][1]]
+        opts = dict(dtype=p0.dtype, device=p0.device)
+        self.grad_flat = torch.zeros(N * self.G, **opts)
+        self.param_flat = torch.zeros(N * C, **opts)
+        # Runs in elements: (param offset, owner, offset in the owner's chunk, count), per flat param.
+        self.runs = {gi: [] for gi in self.flat}
+        for s, g, i, first, count in members:
+            seg = segments[s]
+            un = seg.unit_numel
+            for off, owner, local, n in seg.runs(first, count):
+                self.runs[(g, i)].append((off * un, owner, seg.chunk_offset + local * un, n * un))
+        with torch.no_grad():  # start identical: rank 0's parameters everywhere (like DDP)
+            self._pack_params(all_ranks=True)
+            src = 0 if self.pg is dist.group.WORLD else dist.get_global_rank(self.pg, 0)
+            dist.broadcast(self.param_flat, src=src, group=self.pg)
+            self._unpack_params()
+        own_p = self.param_flat[r * C:(r + 1) * C]
+        own_g = self.grad_flat[r * self.G:r * self.G + C]
+        for s, g, i, first, count in members:
+            seg = segments[s]
+            b, e = seg.owned(r)
+            lo, hi = max(b, first), min(e, first + count)
+            p = groups[g]["params"][i]
+            un = seg.unit_numel
+            label, flag = self._label(g, i), self.flag_of[(g, i)]
+            if not seg.is_bank:
+                if lo < hi:
+                    o = seg.chunk_offset + (lo - b)
+                    self.items.append(_Item(g, i, "flat", lo - first, own_p[o:o + hi - lo],
+                                            f"{label}[{lo - first}:{hi - first}]", own_g[o:o + hi - lo], flag))
+                continue
+            for u in range(lo, hi):
+                o = seg.chunk_offset + (u - b) * un
+                if count == 1:
+                    shape, kind, name = tuple(p.shape), "whole", label
+                else:
+                    shape, kind, name = (seg.rows, seg.cols), "matrix", f"{label}[matrix {u - first}]"
+                self.items.append(_Item(g, i, kind, u - first, own_p[o:o + un].view(shape), name,
+                                        own_g[o:o + un].view(shape), flag))
+
+    def _build_dtensor(self, groups):
+        for g, i in self.dlocal:
+            loc = _dt.local(groups[g]["params"][i])
+            if loc.numel():  # an empty shard (fewer experts than ranks) has nothing to step
+                # Copies of the shard and its gradient: the C++ optimizer keeps its tensors, while a
+                # DTensor's local tensor and gradient may be replaced between steps (FSDP2).
+                t = loc.detach().clone()
+                self.items.append(_Item(g, i, "local", 0, t, self._label(g, i), torch.empty_like(t)))
+        self.owner = {}
+        load = {}
+        for g, i in self.dgather:  # owner: the least loaded rank of the param's mesh, by elements
+            p = groups[g]["params"][i]
+            key = id(p.device_mesh)
+            counts = load.setdefault(key, [0] * _dt.mesh_size(p))
+            owner = min(range(len(counts)), key=lambda k: counts[k])
+            counts[owner] += p.numel()
+            self.owner[(g, i)] = owner
+            if owner == _dt.mesh_rank(p):
+                t = torch.empty(tuple(p.shape), dtype=p.dtype, device=_dt.local(p).device)
+                self.items.append(_Item(g, i, "full", 0, t, self._label(g, i), torch.empty_like(t)))
+
+    def _build_local(self, groups):
+        by_group = {}
+        for it in self.items:
+            by_group.setdefault(it.group, []).append(it)
+        self.local_group_of = [-1] * len(groups)
+        local_groups = []
+        for g in sorted(by_group):
+            self.local_group_of[g] = len(local_groups)
+            for li, it in enumerate(by_group[g]):
+                it.local_group, it.local_index = len(local_groups), li
+            local_groups.append(dict(_cpp_options(groups[g]), params=[it.tensor for it in by_group[g]],
+                                     param_names=[it.name for it in by_group[g]]))
+        self.items = [it for g in sorted(by_group) for it in by_group[g]]
+        self.local = _C.Optimizer(local_groups) if local_groups else None
+        self.synced = [_cpp_options(g) for g in groups]
+
+    # -- copies between the params and the flat buffers
+
+    def _params(self, g, i):
+        return self.opt.param_groups[g]["params"][i]
+
+    def _pack_params(self, all_ranks=False):
+        C = self.C
+        for gi, runs in self.runs.items():
+            src = self._params(*gi).detach().view(-1)
+            for po, owner, co, n in runs:
+                if all_ranks or owner == self.rank:
+                    self.param_flat[owner * C + co:owner * C + co + n].copy_(src[po:po + n])
+
+    def _unpack_params(self):
+        C = self.C
+        for gi, runs in self.runs.items():
+            dst = self._params(*gi).detach().view(-1)
+            for po, owner, co, n in runs:
+                dst[po:po + n].copy_(self.param_flat[owner * C + co:owner * C + co + n])
+
+    def _pack_grads(self):
+        """Local gradients into the flat buffer; returns the presence flags (None grad: zeros, flag 0)."""
+        G, buf, present = self.G, self.grad_flat, []
+        for gi in self.flat:
+            p = self._params(*gi)
+            grad = p.grad
+            if grad is not None and (grad.is_sparse or grad.shape != p.shape):
+                raise ValueError(f"{self._label(*gi)}: gradient of shape {tuple(grad.shape)}"
+                                 f"{' (sparse)' if grad.is_sparse else ''} for a parameter of shape {tuple(p.shape)}")
+            src = grad.detach().reshape(-1) if grad is not None else None
+            for po, owner, co, n in self.runs[gi]:
+                dst = buf[owner * G + co:owner * G + co + n]
+                dst.copy_(src[po:po + n]) if src is not None else dst.zero_()
+            present.append(1.0 if grad is not None else 0.0)
+        return present
+
+    # -- stepping
+
+    def sync(self, force=False):
+        """Pushes changed hyperparameters (e.g. from an LR scheduler) into the local C++ optimizer."""
+        for g, group in enumerate(self.opt.param_groups):
+            opts = _cpp_options(group)
+            if not force and opts == self.synced[g]:
+                continue
+            if opts.get("algorithm") != self.algorithms[g]:
+                raise ValueError(f"param group {g}: the algorithm of a distributed group cannot change "
+                                 f"('{self.algorithms[g]}' -> '{opts.get('algorithm')}')")
+            if self.local_group_of[g] >= 0:
+                self.local.set_group_options(self.local_group_of[g], opts)
+            self.synced[g] = opts
+
+    @torch.no_grad()
+    def step(self):
+        error, present = None, None
+        try:
+            self.sync()
+            if self.flat:
+                present = self._pack_grads()
+        except Exception as e:  # noqa: BLE001  every rank learns of it through the error flag
+            if not self.flat:
+                raise
+            error = e
+        if self.flat:
+            self._reduce(present, error)
+            self._pack_params()  # the model is the source of truth (it may have been loaded or edited)
+        gathered = self._dtensor_before()
+        if self.local is not None:
+            self.local.step()
+        if self.flat:
+            self._gather()
+            self._unpack_params()
+        self._dtensor_after(gathered)
+        self.steps.add_(1 if self.skip is None else (self.skip != 0).to(torch.long))
+
+    def _reduce(self, present, error):
+        """Sums the gradients and presence flags into this rank's chunk; raises on every rank if one failed."""
+        N, r, C, G = self.world, self.rank, self.C, self.G
+        flags = torch.tensor((present or [0.0] * len(self.flat)) + [1.0 if error else 0.0], dtype=self.grad_flat.dtype)
+        self.grad_flat.view(N, G)[:, C:].copy_(flags.to(self.grad_flat.device))  # every rank's chunk gets them
+        own = self.grad_flat[r * G:(r + 1) * G]
+        if self.native:
+            scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+            scatter(own, self.grad_flat, group=self.pg)
+        else:  # all-reduce + slice, like the Gloo path of src/dist/c10d_compat.cpp
+            dist.all_reduce(self.grad_flat, group=self.pg)
+        counts = own[C:].tolist()  # ranks that had each gradient; the last: ranks that failed (one host sync)
+        if counts[-1] > 0:
+            if error is not None:
+                raise error
+            raise RuntimeError(f"optimizer step: {int(counts[-1])} other rank(s) failed before the step (their error "
+                               "says why); no rank changed anything")
+        own[:C].div_(N)  # average: the gradient of the global batch
+        for it in self.items:
+            if it.flag >= 0:  # stepped when any rank had a gradient (missing ones count as zero)
+                it.tensor.grad = it.grad_view if counts[it.flag] > 0 else None
+
+    def _gather(self):
+        N, r, C = self.world, self.rank, self.C
+        own = self.param_flat[r * C:(r + 1) * C]
+        if self.native:
+            gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+            gather(self.param_flat, own, group=self.pg)
+        else:
+            dist.all_gather(list(self.param_flat.chunk(N)), own, group=self.pg)
+
+    def _dtensor_before(self):
+        """Local shards and their gradients into the C++ tensors; gathered params to their owner."""
+        for it in self.items:
+            if it.kind == "local":
+                p = self._params(it.group, it.param)
+                it.tensor.copy_(_dt.local(p))
+                grad = _dt.local_grad(p)
+                it.tensor.grad = None if grad is None else it.grad_view.copy_(grad)
+        mine = {(it.group, it.param): it for it in self.items if it.kind == "full"}
+        values = []
+        for gi in self.dgather:  # same order on every rank: the collectives pair up
+            p, it = self._params(*gi), mine.get(gi)
+            if p.grad is None:  # must be the same on every rank (FSDP2: it is)
+                if it is not None:
+                    it.tensor.grad = None
+                values.append(None)
+                continue
+            if it is not None:
+                _dt.full_into(p.grad, it.grad_view)
+                it.tensor.grad = it.grad_view
+                values.append(_dt.full_into(p, it.tensor))
+            else:  # take part in the all-gathers; the buffer then receives the owner's result
+                buf = torch.empty(tuple(p.shape), dtype=p.dtype, device=_dt.local(p).device)
+                _dt.full_into(p.grad, buf)
+                values.append(_dt.full_into(p, buf))
+        return values
+
+    def _dtensor_after(self, values):
+        for it in self.items:
+            if it.kind == "local":
+                _dt.local(self._params(it.group, it.param)).copy_(it.tensor)
+        for gi, value in zip(self.dgather, values):
+            if value is not None:
+                _dt.scatter_back(self._params(*gi), value, self.owner[gi])
+
+    def set_lr_scale(self, factor):
+        self.lr_scale = float(factor)
+        if self.local is not None:
+            self.local.set_lr_scale(self.lr_scale)
+
+    def set_skip_factor(self, factor):
+        self.skip = factor
+        self.steps = self.steps.to(factor.device)
+        if self.local is not None:
+            self.local.set_skip_factor(factor)
+
+    @property
+    def step_count(self):
+        return int(self.steps)
+
+    @property
+    def state_bytes(self):
+        """Optimizer state held by this rank."""
+        return self.local.state_bytes if self.local is not None else 0
+
+    # -- state dicts
+
+    def _packed_groups(self):
+        out, start = [], 0
+        for group in self.opt.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            out.append(packed)
+        return out
+
+    def _item_state(self, it):
+        return self.local.param_state(it.local_group, it.local_index)
+
+    def state_dict(self):
+        """This rank's shard: the state of its pieces, the hyperparameters and the layout."""
+        state = {}
+        for n, it in enumerate(self.items):
+            st = self._item_state(it)
+            if st:
+                state[n] = st
+        return {"state": state, "param_groups": self._packed_groups(),
+                "orthopt_dist": {"format": SHARD_FORMAT, "rank": self.rank, "world_size": self.world,
+                                 "items": [it.key for it in self.items], "config": self.description,
+                                 "step_count": self.step_count}}
+
+    def full_state_dict(self):
+        """Collective: the single-process state dict (CPU tensors) on every rank."""
+        if self.dlocal or self.dgather or self.replica:
+            raise RuntimeError("full_state_dict(): not available with DTensor parameters; save state_dict() on "
+                               "every rank")
+        mine = {}
+        for it in self.items:
+            st = self._item_state(it)
+            if st:
+                mine[it.key] = {k: v.detach().cpu() for k, v in st.items()}
+        gathered = [None] * self.world
+        dist.all_gather_object(gathered, mine, group=self.group)
+        per_param = {}
+        for d in gathered:
+            for key, st in d.items():
+                per_param.setdefault(key[:2], []).append((key[2], key[3], st))
+        state, pid = {}, 0
+        for g, group in enumerate(self.opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                if (g, i) in per_param:
+                    state[pid] = self._assemble(g, i, p, sorted(per_param[(g, i)], key=lambda e: e[1]))
+                pid += 1
+        return {"state": state, "param_groups": self._packed_groups()}
+
+    def _assemble(self, g, i, p, entries):
+        kind = entries[0][0]
+        if kind == "whole":
+            return dict(entries[0][2])
+        out = {}
+        if kind == "matrix":
+            count = math.prod(p.shape[:-2])
+            if [e[1] for e in entries] != list(range(count)):
+                raise RuntimeError(f"full_state_dict(): {self._label(g, i)} has state for matrices "
+                                   f"{[e[1] for e in entries]} of {count}")
+            for k, v in entries[0][2].items():
+                out[k] = v if v.dim() == 0 else torch.stack([e[2][k] for e in entries]).reshape(
+                    *p.shape[:-2], *v.shape)
+            return out
+        for k, v in entries[0][2].items():
+            out[k] = v if v.dim() == 0 else torch.cat([e[2][k] for e in entries])
+            if v.dim() and out[k].numel() != p.numel():
+                raise RuntimeError(f"full_state_dict(): {self._label(g, i)} state '{k}' covers {out[k].numel()} "
+                                   f"of {p.numel()} elements")
+            if v.dim():
+                out[k] = out[k].reshape(p.shape)
+        return out
+
+    def _slice(self, it, st):
+        """The part of a param's single-process state that belongs to piece ``it``."""
+        if not st or it.kind == "whole":
+            return dict(st or {})
+        p = self._params(it.group, it.param)
+        out = {}
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor) or v.dim() == 0:
+                out[k] = v
+            elif it.kind == "matrix" and tuple(v.shape[:p.dim() - 2]) == tuple(p.shape[:-2]):
+                out[k] = v.reshape(-1, *v.shape[p.dim() - 2:])[it.offset]
+            elif it.kind == "flat" and v.numel() == p.numel():
+                out[k] = v.reshape(-1)[it.offset:it.offset + it.tensor.numel()]
+            else:
+                raise ValueError(f"{self._label(it.group, it.param)}: loaded state '{k}' of shape {tuple(v.shape)} "
+                                 f"does not fit the parameter's shape {tuple(p.shape)}")
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Loads this rank's shard from state_dict() (same rank and world size), or a full state dict
+        (full_state_dict(), or a single-process optimizer's state_dict(): any world size)."""
+        saved_groups = state_dict["param_groups"]
+        groups = self.opt.param_groups
+        if len(saved_groups) != len(groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this optimizer has "
+                             f"{len(groups)}")
+        for g, (saved, group) in enumerate(zip(saved_groups, groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"param group {g}: loaded state dict has {len(saved['params'])} params, "
+                                 f"this group has {len(group['params'])}")
+            if saved.get("algorithm") != group.get("algorithm"):
+                raise ValueError(f"param group {g}: loaded state dict is for algorithm '{saved.get('algorithm')}', "
+                                 f"this group uses '{group.get('algorithm')}'")
+        meta = state_dict.get("orthopt_dist")
+        saved_state = state_dict["state"]
+        if meta is not None:
+            if meta.get("format") != SHARD_FORMAT:
+                raise ValueError(f"unknown shard format {meta.get('format')!r} (expected {SHARD_FORMAT!r})")
+            if (meta["rank"], meta["world_size"]) != (self.rank, self.world):
+                raise ValueError(f"this is the shard of rank {meta['rank']} of {meta['world_size']}; this optimizer "
+                                 f"is rank {self.rank} of {self.world}: load each shard on its own rank at the same "
+                                 "world size, or re-shard through full_state_dict()")
+            if [tuple(k) for k in meta["items"]] != [it.key for it in self.items]:
+                raise ValueError("the shard's layout differs from this optimizer's (other parameters, groups or "
+                                 "options)")
+            states = [dict(saved_state.get(n, {})) for n in range(len(self.items))]
+        else:
+            if self.dlocal or self.dgather or self.replica:
+                raise ValueError("a full state dict cannot be loaded with DTensor parameters; load each rank's "
+                                 "state_dict()")
+            pids = [list(saved["params"]) for saved in saved_groups]
+            states = [self._slice(it, saved_state.get(pids[it.group][it.param])) for it in self.items]
+        per_local = [[] for _ in range(max((it.local_group for it in self.items), default=-1) + 1)]
+        for it, st in zip(self.items, states):
+            per_local[it.local_group].append(st)
+        old = [{k: v for k, v in grp.items() if k != "params"} for grp in groups]
+        try:
+            for saved, group in zip(saved_groups, groups):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            self.sync(force=True)
+            if self.local is not None:
+                self.local.load_param_states(per_local)
+        except Exception:
+            for o, group in zip(old, groups):
+                group.update(o)
+            self.sync(force=True)
+            raise
+        if meta is not None:
+            self.steps.fill_(int(meta["step_count"]))
