@@ -567,9 +567,11 @@ class OptimizerImpl {
     std::vector<at::Tensor> outs(idx.size());
     size_t s = 0;
     for (const auto& [shape, js] : by_shape) {
-      // Tall matrices come back as transposed views; the update kernel reads D contiguously:
-      // one copy per shape rather than one per matrix (a no-op for wide ones).
-      const at::Tensor res = orthogonalize(stacks[s++], ortho).contiguous();
+      // Tall matrices come back as transposed views and the update kernel reads D contiguously:
+      // for Muon one copy per shape (a no-op for wide ones). NorMuon normalizes the views like
+      // the reference (same reduction order); its tall results are copied per matrix below.
+      at::Tensor res = orthogonalize(stacks[s++], ortho);
+      if (o.algorithm != Algorithm::NorMuon) res = res.contiguous();
       for (size_t k = 0; k < js.size(); ++k) outs[js[k]] = js.size() > 1 ? res[static_cast<int64_t>(k)] : res;
     }
 
@@ -586,7 +588,7 @@ class OptimizerImpl {
       }
       auto [D, factor] = adjust_rows(U, o);
       add_weights(g, i, weights, copies);
-      directions.push_back(D.reshape(params[i].sizes()).contiguous());  // already contiguous: no copy
+      directions.push_back(D.reshape(params[i].sizes()).contiguous());
       factors.push_back(factor);
     }
     cuda::update(weights, directions, copies, factors, lr, o.weight_decay, o.cautious_weight_decay, keep_flag());

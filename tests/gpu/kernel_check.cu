@@ -329,7 +329,7 @@ struct Worst {
 };
 
 std::vector<int64_t> sizes_basic() { return {1, 7, 256, 1000, 16384, 16385, 0, 50001, 3}; }  // chunk: 16384
-std::vector<int64_t> sizes_many(int n) {  // more tensors than any table holds (at most 136)
+std::vector<int64_t> sizes_many(int n) {  // more tensors than any table holds (at most 86)
   std::vector<int64_t> s;
   for (int i = 0; i < n; ++i) s.push_back(i % 17 == 5 ? 0 : (i * 37) % 300 + 1);
   return s;

@@ -343,15 +343,16 @@ TEST_F(GpuFused, SkippedStepWritesNothingEvenWithNanGradients) {
 }
 
 // Groups the kernels do not take keep the reference path: fp64 parameters give the same
-// result with and without ORTHOPT_GPU_KERNELS=0.
+// result with and without ORTHOPT_GPU_KERNELS=0 (NS in fp32, which the product kernels do not
+// take either).
 TEST_F(GpuFused, Fp64GroupsKeepTheReferencePath) {
   const std::vector<Spec> specs = {
       {Algorithm::Muon, {{32, 48}}, {at::kDouble}, {}},
       {Algorithm::AdamW, {vec(64)}, {at::kDouble}, {}},
       {Algorithm::Lion, {vec(64)}, {at::kDouble}, {}},
   };
-  Optimizer a(make_groups(specs, 24, false));
-  Optimizer b(make_groups(specs, 24, false));
+  Optimizer a(make_groups(specs, 24, /*fp32_ns=*/true));
+  Optimizer b(make_groups(specs, 24, /*fp32_ns=*/true));
   for (int t = 0; t < 3; ++t) {
     fill_grads({&a, &b}, t);
     a.step();
