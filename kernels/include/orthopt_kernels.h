@@ -15,7 +15,7 @@ extern "C" {
 
 typedef enum { ORTHOPT_OK = 0, ORTHOPT_ERR_INVALID = 1, ORTHOPT_ERR_CUDA = 2 } orthopt_status;
 
-typedef enum { ORTHOPT_BF16 = 0, ORTHOPT_FP16 = 1 } orthopt_dtype;
+typedef enum { ORTHOPT_BF16 = 0, ORTHOPT_FP16 = 1, ORTHOPT_FP32 = 2 } orthopt_dtype;
 
 /* How a symmetric product is computed. */
 typedef enum {
@@ -51,6 +51,67 @@ orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64_t m, int64
                             const void* A, int64_t stride_a, const void* X, int64_t stride_x,
                             float alpha, const void* C, int64_t stride_c, float beta, void* D,
                             int64_t stride_d, cudaStream_t stream);
+
+/* ---- Multi-tensor elementwise kernels of the optimizer step (algorithms.md §3, §7, §9) ----
+ *
+ * Each call updates a list of `count` tensors in a few launches instead of several small
+ * launches per tensor: device pointers, sizes and per-tensor factors travel by value in the
+ * kernel arguments (tables of a few dozen tensors; a longer list takes one launch per table),
+ * nothing is copied to the device, so the calls can be captured in a CUDA graph.
+ *
+ * Common arguments:
+ *   count, numel  `count` tensors; numel (host array) their element counts. Tensor i of every
+ *                 list is contiguous with numel[i] elements (0: skipped). Lists are host arrays
+ *                 of `count` device pointers, one dtype per list (ORTHOPT_FP32, _BF16, _FP16);
+ *                 the math is fp32. Different lists must not overlap.
+ *   lr            device pointer to the learning rate (fp64), read by the kernels.
+ *   keep          device pointer to one byte, or NULL (always apply). When it holds 0 nothing
+ *                 at all is written, whatever the inputs hold (NaN included): the skip factor.
+ *   param_out     NULL, or a list receiving a copy of the new W in param_dtype (the bf16/fp16
+ *                 parameter of an fp32 master weight).
+ * The fp32 arithmetic is that of orthopt's ATen reference step (src/optim/update_math.cpp),
+ * operation by operation: same order, each product and sum rounded (no fused multiply-add),
+ * scalar hyperparameters rounded to fp32 once, lr·wd, 1 − lr·wd and lr·factor in fp64.
+ *
+ * Decoupled weight decay and update (every function below that takes W):
+ *   W ← W·(1 − lr·wd) − (lr·factor)·D
+ *   cautious: W ← W − [W·D ≥ 0]·(lr·wd)·W − (lr·factor)·D   (decay only where W·D ≥ 0)  */
+
+/* Muon momentum: M ← μ·M + w·G (w = grad_weight: 1 for accumulate, 1 − μ for ema) and the
+ * orthogonalization input out = w·G + μ·M_new (nesterov) or M_new, written in out_dtype
+ * (e.g. straight into a stacked batch buffer). */
+orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void* const* momentum,
+                                      orthopt_dtype momentum_dtype, const void* const* grad,
+                                      orthopt_dtype grad_dtype, void* const* out, orthopt_dtype out_dtype,
+                                      double mu, double grad_weight, int nesterov, const uint8_t* keep,
+                                      cudaStream_t stream);
+
+/* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
+ * of per-tensor lr factors (the lr adjustment), NULL for all 1. */
+orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
+                                    orthopt_dtype weight_dtype, const void* const* direction,
+                                    orthopt_dtype direction_dtype, void* const* param_out,
+                                    orthopt_dtype param_dtype, const double* factor, const double* lr,
+                                    double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
+
+/* AdamW: m ← β1·m + (1−β1)·G, v ← β2·v + (1−β2)·G², t = step + 1,
+ * D = (m / (1−β1^t)) / (sqrt(v) / sqrt(1−β2^t) + eps), decoupled update with factor 1, step ← t.
+ * step: per tensor a device fp32 count of the steps taken (orthopt's AdamW state); the bias
+ * corrections are computed in fp64 from it, and a second launch per table increments it. */
+orthopt_status orthopt_multi_adamw(int64_t count, const int64_t* numel, const void* const* grad,
+                                   orthopt_dtype grad_dtype, void* const* exp_avg, void* const* exp_avg_sq,
+                                   orthopt_dtype state_dtype, float* const* step, void* const* weight,
+                                   orthopt_dtype weight_dtype, void* const* param_out, orthopt_dtype param_dtype,
+                                   const double* lr, double beta1, double beta2, double eps, double weight_decay,
+                                   int cautious, const uint8_t* keep, cudaStream_t stream);
+
+/* Lion: D = sign(β1·m + (1−β1)·G) (sign(0) = 0), m ← β2·m + (1−β2)·G, decoupled update with
+ * factor 1. */
+orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel, const void* const* grad,
+                                  orthopt_dtype grad_dtype, void* const* exp_avg, orthopt_dtype state_dtype,
+                                  void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
+                                  orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
+                                  double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

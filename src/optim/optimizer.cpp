@@ -5,6 +5,11 @@
 // through commit(), the single place where the skip factor acts. Every matrix the
 // orthogonalization needs in a group is collected first and same-shaped ones go through one
 // batched orthogonalize() call.
+//
+// On CUDA, Muon/NorMuon, AdamW and Lion groups take a fused path (the *_fused functions): the
+// elementwise math of all the group's tensors runs in a few multi-tensor kernel launches
+// (src/cuda/multi_tensor_cuda.h) with the same fp32 operations as the reference path, which
+// stays the path for CPU, fp64, Dion3/Dion and ORTHOPT_GPU_KERNELS=0.
 #include "orthopt/optim.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,6 +22,10 @@
 #include <unordered_set>
 
 #include "optim/update_math.h"
+
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/multi_tensor_cuda.h"
+#endif
 
 namespace orthopt {
 
@@ -328,11 +337,17 @@ class OptimizerImpl {
     return p.grad().detach().to(work_dtype(p));
   }
 
-  // Orthogonalizes matrices (each [..., m, n]); same-shaped ones in one batched call.
-  static std::vector<at::Tensor> orthogonalize_all(const std::vector<at::Tensor>& mats, const OrthoOptions& opt) {
+  // The options of the optimizers' orthogonalize() calls.
+  static OrthoOptions batch_ortho_options(const OrthoOptions& opt) {
     OrthoOptions o = opt;
     o.flatten = false;  // flattening already happened (matrix_sizes)
     o.nonfinite = NonFinitePolicy::Propagate;
+    return o;
+  }
+
+  // Orthogonalizes matrices (each [..., m, n]); same-shaped ones in one batched call.
+  static std::vector<at::Tensor> orthogonalize_all(const std::vector<at::Tensor>& mats, const OrthoOptions& opt) {
+    const OrthoOptions o = batch_ortho_options(opt);
     std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;
     for (size_t j = 0; j < mats.size(); ++j) by_shape[mats[j].sizes().vec()].push_back(j);
     std::vector<at::Tensor> out(mats.size());
@@ -367,6 +382,9 @@ class OptimizerImpl {
   void step_muon(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto idx = active(g);
+#ifdef ORTHOPT_WITH_CUDA
+    if (fused(g, idx)) return step_muon_fused(g, idx, lr);
+#endif
     std::vector<at::Tensor> inputs;
     for (size_t i : idx) {
       auto& st = state_of(g, i);
@@ -450,7 +468,11 @@ class OptimizerImpl {
   // ---- AdamW (§7)
   void step_adamw(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
-    for (size_t i : active(g)) {
+    const auto idx = active(g);
+#ifdef ORTHOPT_WITH_CUDA
+    if (fused(g, idx)) return step_adamw_fused(g, idx, lr);
+#endif
+    for (size_t i : idx) {
       auto& st = state_of(g, i);
       const auto& p = groups[g].params[i];
       at::Tensor step_new = st.at("step") + 1;
@@ -468,7 +490,11 @@ class OptimizerImpl {
   // ---- Lion
   void step_lion(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
-    for (size_t i : active(g)) {
+    const auto idx = active(g);
+#ifdef ORTHOPT_WITH_CUDA
+    if (fused(g, idx)) return step_lion_fused(g, idx, lr);
+#endif
+    for (size_t i : idx) {
       auto& st = state_of(g, i);
       const auto& p = groups[g].params[i];
       auto [m_new, D] = optim_detail::lion_direction(st.at("exp_avg").to(work_dtype(p)), grad_of(g, i), o.beta1, o.beta2);
@@ -477,6 +503,124 @@ class OptimizerImpl {
                     optim_detail::decoupled_update(weights(g, i), D, lr, lr, o.weight_decay, o.cautious_weight_decay));
     }
   }
+
+#ifdef ORTHOPT_WITH_CUDA
+  // ---- fused multi-tensor path (CUDA). Each function below does what its reference
+  // counterpart above does, with the same fp32 operations in the same order (the kernels
+  // avoid fused multiply-adds), state in the same dtypes and the same skip gating (the kernels
+  // write nothing when `keep` is false), so both paths agree to fp32 rounding; the GPU test
+  // tests/gpu/test_gpu_fused.cpp compares them.
+
+  // Taken when the group has parameters with gradients and every one of them, its gradient and
+  // its state are tensors the kernels take (CUDA; fp32, bf16 or fp16; contiguous; non-empty),
+  // and ORTHOPT_GPU_KERNELS is not 0. Creates missing state like the reference path does.
+  bool fused(size_t g, const std::vector<size_t>& idx) {
+    if (idx.empty()) return false;
+    for (size_t i : idx) {
+      const auto& p = groups[g].params[i];
+      if (!cuda::multi_tensor_handles(p) || !cuda::multi_tensor_handles(p.grad())) return false;
+      for (const auto& [name, t] : state_of(g, i))
+        if (!cuda::multi_tensor_handles(t)) return false;
+    }
+    return true;
+  }
+
+  at::Tensor keep_flag() const { return skip_active ? keep : at::Tensor(); }
+
+  // What the update kernels write, as weights()/write_weights(): the fp32 master and the
+  // parameter as its copy, or the parameter itself (no copy).
+  void add_weights(size_t g, size_t i, std::vector<at::Tensor>& weights, std::vector<at::Tensor>& copies) {
+    const auto& p = groups[g].params[i];
+    if (uses_master(p, groups[g].options)) {
+      weights.push_back(state_of(g, i).at("master"));
+      copies.push_back(p.detach());
+    } else {
+      weights.push_back(p.detach());
+      copies.emplace_back();
+    }
+  }
+
+  void step_muon_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    const auto& params = groups[g].params;
+    // Orthogonalization inputs grouped by shape like orthogonalize_all(); the momentum kernel
+    // writes them straight into one fp32 buffer per shape (the stack the reference builds).
+    std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;  // shape -> positions in idx
+    for (size_t j = 0; j < idx.size(); ++j) by_shape[matrix_sizes(params[idx[j]], o)].push_back(j);
+    std::vector<at::Tensor> stacks, inputs(idx.size());
+    for (const auto& [shape, js] : by_shape) {
+      std::vector<int64_t> sizes = shape;
+      if (js.size() > 1) sizes.insert(sizes.begin(), static_cast<int64_t>(js.size()));
+      at::Tensor stack = at::empty(sizes, params[idx[js[0]]].options().dtype(at::kFloat));
+      for (size_t k = 0; k < js.size(); ++k) inputs[js[k]] = js.size() > 1 ? stack[static_cast<int64_t>(k)] : stack;
+      stacks.push_back(stack);
+    }
+    std::vector<at::Tensor> momenta, grads;
+    for (size_t i : idx) {
+      momenta.push_back(state_of(g, i).at("momentum"));
+      grads.push_back(params[i].grad());
+    }
+    cuda::momentum(momenta, grads, inputs, o.momentum, optim_detail::momentum_grad_weight(o.momentum, o.momentum_style),
+                   o.nesterov, keep_flag());
+
+    const OrthoOptions ortho = batch_ortho_options(o.ortho);
+    std::vector<at::Tensor> outs(idx.size());
+    size_t s = 0;
+    for (const auto& [shape, js] : by_shape) {
+      // Tall matrices come back as transposed views and the update kernel reads D contiguously:
+      // for Muon one copy per shape (a no-op for wide ones). NorMuon normalizes the views like
+      // the reference (same reduction order); its tall results are copied per matrix below.
+      at::Tensor res = orthogonalize(stacks[s++], ortho);
+      if (o.algorithm != Algorithm::NorMuon) res = res.contiguous();
+      for (size_t k = 0; k < js.size(); ++k) outs[js[k]] = js.size() > 1 ? res[static_cast<int64_t>(k)] : res;
+    }
+
+    std::vector<at::Tensor> weights, copies, directions;
+    std::vector<double> factors;
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      at::Tensor U = outs[j];
+      if (o.algorithm == Algorithm::NorMuon) {  // row statistics stay ATen ops (per matrix)
+        auto& V = state_of(g, i).at("variance");
+        auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V, o.normuon_beta2, o.normuon_eps);
+        commit(V, V_new);
+        U = U_hat;
+      }
+      auto [D, factor] = adjust_rows(U, o);
+      add_weights(g, i, weights, copies);
+      directions.push_back(D.reshape(params[i].sizes()).contiguous());
+      factors.push_back(factor);
+    }
+    cuda::update(weights, directions, copies, factors, lr, o.weight_decay, o.cautious_weight_decay, keep_flag());
+  }
+
+  void step_adamw_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, counts, weights, copies;
+    for (size_t i : idx) {
+      auto& st = state_of(g, i);
+      grads.push_back(groups[g].params[i].grad());
+      exp_avgs.push_back(st.at("exp_avg"));
+      exp_avg_sqs.push_back(st.at("exp_avg_sq"));
+      counts.push_back(st.at("step"));
+      add_weights(g, i, weights, copies);
+    }
+    cuda::adamw(grads, exp_avgs, exp_avg_sqs, counts, weights, copies, lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                o.cautious_weight_decay, keep_flag());
+  }
+
+  void step_lion_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    std::vector<at::Tensor> grads, exp_avgs, weights, copies;
+    for (size_t i : idx) {
+      grads.push_back(groups[g].params[i].grad());
+      exp_avgs.push_back(state_of(g, i).at("exp_avg"));
+      add_weights(g, i, weights, copies);
+    }
+    cuda::lion(grads, exp_avgs, weights, copies, lr, o.beta1, o.beta2, o.weight_decay, o.cautious_weight_decay,
+               keep_flag());
+  }
+#endif  // ORTHOPT_WITH_CUDA
 
   void step() {
     at::NoGradGuard no_grad;

@@ -18,11 +18,13 @@ double lr_adjust_factor(LrAdjust rule, int64_t fan_out, int64_t fan_in) {
   return 1.0;
 }
 
+double momentum_grad_weight(double mu, MomentumStyle style) { return style == MomentumStyle::Ema ? 1.0 - mu : 1.0; }
+
 std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::Tensor& G, double mu,
                                                 MomentumStyle style, bool nesterov) {
   // accumulate: M = μM + G,        Nesterov input G + μM
   // ema:        M = μM + (1−μ)G,   Nesterov input (1−μ)G + μM
-  const double g_weight = style == MomentumStyle::Ema ? 1.0 - mu : 1.0;
+  const double g_weight = momentum_grad_weight(mu, style);
   at::Tensor M_new = M * mu + G * g_weight;
   at::Tensor input = nesterov ? G * g_weight + M_new * mu : M_new;
   return {M_new, input};

@@ -19,6 +19,8 @@ namespace orthopt::optim_detail {
 // §2: the factor on lr for a fan_out × fan_in matrix update.
 double lr_adjust_factor(LrAdjust rule, int64_t fan_out, int64_t fan_in);
 
+// §3 momentum: the weight w of G in M ← μ·M + w·G (1 accumulate, 1 − μ ema).
+double momentum_grad_weight(double mu, MomentumStyle style);
 // §3 momentum. Returns {new momentum, orthogonalization input}.
 std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::Tensor& G, double mu,
                                                 MomentumStyle style, bool nesterov);

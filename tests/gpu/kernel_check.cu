@@ -1,10 +1,12 @@
 // Correctness of the CUDA kernel library against float64 references computed on the host,
 // on random inputs, with outputs poisoned (NaN) before every call so that an unwritten element
-// fails. Needs a GPU; exits 77 (skip) without one. `--quick` keeps sizes small for
-// compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
+// fails. Covers the products (orthopt_sym_abt, orthopt_gemm) and the multi-tensor elementwise
+// kernels of the optimizer step (orthopt_multi_*). Needs a GPU; exits 77 (skip) without one.
+// `--quick` keeps sizes small for compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -78,7 +80,7 @@ void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, 
       }
 }
 
-const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : "fp16"; }
+const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : (dt == ORTHOPT_FP16 ? "fp16" : "fp32"); }
 const char* name(orthopt_sym_path p) {
   return p == ORTHOPT_SYM_NATIVE ? "native" : (p == ORTHOPT_SYM_DENSE ? "dense" : "blocks");
 }
@@ -207,6 +209,495 @@ void check_errors() {
   std::printf("%s argument errors (%d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3);
 }
 
+// ---- multi-tensor elementwise kernels (orthopt_multi_*) against float64 references.
+// Each list of tensors lives in one allocation, tensors back to back with kGap elements between
+// them (odd offsets: the kernels may not assume alignment); the gaps must come back unchanged.
+// Outputs that are separate buffers are poisoned with NaN (0xFF bytes) before the call.
+
+constexpr int64_t kGap = 3;
+constexpr double kU32 = 1.0 / 16777216.0;  // 2^-24: fp32 rounding, relative
+
+// Rounding of a result stored in dt, relative: one unit in the last place, twice the bound of
+// round-to-nearest (fp32 2^-23, bf16 2^-7, fp16 2^-10); absolute floor: fp16 subnormals (2^-24,
+// twice their rounding). The fp32 arithmetic before the store adds a few 2^-24 of the terms'
+// magnitudes (the c·kU32·mag terms below: c counts the roundings, with room). An fp32
+// emulation of the kernels stayed at or below 0.5 of these tolerances on 2M random elements.
+double unit(orthopt_dtype dt) { return dt == ORTHOPT_FP32 ? 2 * kU32 : (dt == ORTHOPT_BF16 ? 1.0 / 128 : 1.0 / 1024); }
+double floor_of(orthopt_dtype dt) { return dt == ORTHOPT_FP16 ? 1.0 / 16777216.0 : 1e-30; }
+size_t esize(orthopt_dtype dt) { return dt == ORTHOPT_FP32 ? 4 : 2; }
+
+double decode(const std::vector<unsigned char>& bytes, orthopt_dtype dt, int64_t e) {
+  if (dt == ORTHOPT_FP32) {
+    float f;
+    std::memcpy(&f, bytes.data() + e * 4, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, bytes.data() + e * 2, 2);
+  return from_bits(b, dt);
+}
+
+void encode(std::vector<unsigned char>& bytes, orthopt_dtype dt, int64_t e, float v) {
+  if (dt == ORTHOPT_FP32) {
+    std::memcpy(bytes.data() + e * 4, &v, 4);
+    return;
+  }
+  const uint16_t b = to_bits(v, dt);
+  std::memcpy(bytes.data() + e * 2, &b, 2);
+}
+
+struct List {
+  orthopt_dtype dt;
+  std::vector<int64_t> numel, offset;
+  int64_t total = 0;
+  std::vector<unsigned char> bytes;  // host mirror of the device bytes
+  unsigned char* dev = nullptr;
+  List(orthopt_dtype dt_, const std::vector<int64_t>& numel_) : dt(dt_), numel(numel_) {
+    int64_t at = kGap;
+    for (int64_t n : numel) {
+      offset.push_back(at);
+      at += n + kGap;
+    }
+    total = at;
+    bytes.assign(total * esize(dt), 0);
+    CHECK_CUDA(cudaMalloc(&dev, bytes.size()));
+  }
+  List(const List&) = delete;
+  List& operator=(const List&) = delete;
+  ~List() { cudaFree(dev); }
+  double get(int64_t e) const { return decode(bytes, dt, e); }
+  void set(int64_t e, double v) { encode(bytes, dt, e, static_cast<float>(v)); }
+  void fill(std::mt19937& rng, double scale, bool positive = false) {
+    std::normal_distribution<double> n(0.0, 1.0);
+    for (int64_t e = 0; e < total; ++e) set(e, scale * (positive ? std::fabs(n(rng)) : n(rng)));
+  }
+  void upload() { CHECK_CUDA(cudaMemcpy(dev, bytes.data(), bytes.size(), cudaMemcpyHostToDevice)); }
+  void download() { CHECK_CUDA(cudaMemcpy(bytes.data(), dev, bytes.size(), cudaMemcpyDeviceToHost)); }
+  void poison() {
+    std::fill(bytes.begin(), bytes.end(), 0xFF);
+    upload();
+  }
+  std::vector<void*> ptrs() {
+    std::vector<void*> p;
+    for (int64_t o : offset) p.push_back(dev + o * esize(dt));
+    return p;
+  }
+  // Whether every gap element still holds its bytes of `before`.
+  bool gaps_unchanged(const std::vector<unsigned char>& before) const {
+    const size_t es = esize(dt);
+    int64_t start = 0;
+    for (size_t i = 0; i <= offset.size(); ++i) {
+      const int64_t stop = i < offset.size() ? offset[i] : total;
+      if (std::memcmp(bytes.data() + start * es, before.data() + start * es, (stop - start) * es) != 0) return false;
+      if (i < offset.size()) start = offset[i] + numel[i];
+    }
+    return true;
+  }
+};
+
+// A device scalar.
+template <typename T>
+struct DevScalar {
+  T* dev = nullptr;
+  explicit DevScalar(T v) {
+    CHECK_CUDA(cudaMalloc(&dev, sizeof(T)));
+    set(v);
+  }
+  ~DevScalar() { cudaFree(dev); }
+  void set(T v) {  // complete before any stream reads it
+    CHECK_CUDA(cudaMemcpy(dev, &v, sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+};
+
+// keep flag: 0 none (NULL), 1 a device byte holding 1, 2 a device byte holding 0 (skip).
+struct Keep {
+  DevScalar<uint8_t> flag;
+  int mode;
+  explicit Keep(int m) : flag(m == 2 ? 0 : 1), mode(m) {}
+  const uint8_t* ptr() const { return mode == 0 ? nullptr : flag.dev; }
+};
+const char* keep_name(int mode) { return mode == 0 ? "keep=none" : (mode == 1 ? "keep=1" : "keep=0 (skip)"); }
+
+// Worst |got − ref| / tol over the elements; NaN (an unwritten output) counts as infinite.
+struct Worst {
+  double value = 0;
+  void add(double got, double ref, double tol) {
+    const double r = std::fabs(got - ref) / tol;
+    if (!(r <= value)) value = std::isnan(r) ? INFINITY : r;
+  }
+};
+
+std::vector<int64_t> sizes_basic() { return {1, 7, 256, 1000, 16384, 16385, 0, 50001, 3}; }  // chunk: 16384
+std::vector<int64_t> sizes_many(int n) {  // more tensors than any table holds (at most 86)
+  std::vector<int64_t> s;
+  for (int i = 0; i < n; ++i) s.push_back(i % 17 == 5 ? 0 : (i * 37) % 300 + 1);
+  return s;
+}
+std::vector<int64_t> sizes_large() { return {(int64_t(1) << 20) + 3, 300001, 5}; }
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// The step failed (error or launch failure) or skipped; prints and counts. Returns true on error.
+bool call_failed(orthopt_status st, const char* what) {
+  const cudaError_t sync = cudaDeviceSynchronize();
+  if (st == ORTHOPT_OK && sync == cudaSuccess) return false;
+  std::printf("FAIL %s: %s %s\n", what, st == ORTHOPT_OK ? "" : orthopt_last_error(), cudaGetErrorString(sync));
+  ++g_failures;
+  return true;
+}
+
+void report(bool ok, const char* kernel, const std::string& config, const std::vector<int64_t>& numel, double worst,
+            bool gaps) {
+  if (!ok) ++g_failures;
+  std::printf("%s multi %-8s %-44s tensors=%-3zu elements=%-8lld worst err/tol=%.2f%s\n", ok ? "ok  " : "FAIL", kernel,
+              config.c_str(), numel.size(), (long long)sum(numel), worst, gaps ? "" : " GAPS-OVERWRITTEN");
+}
+
+std::string dts(std::initializer_list<std::pair<const char*, orthopt_dtype>> l) {
+  std::string s;
+  for (const auto& [k, dt] : l) s += std::string(k) + "=" + name(dt) + " ";
+  return s;
+}
+
+void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt_dtype dg, orthopt_dtype dout,
+                    bool nesterov, bool ema, int keep_mode, std::mt19937& rng) {
+  const double mu = 0.95, w = ema ? 1.0 - mu : 1.0;
+  List M(dm, numel), G(dg, numel), O(dout, numel);
+  M.fill(rng, 1.0);
+  G.fill(rng, 1.0);
+  if (keep_mode == 2) G.set(G.offset[0], NAN);  // a skipped step must not care
+  M.upload();
+  G.upload();
+  O.poison();
+  const auto M0 = M.bytes, O0 = O.bytes;
+  const Keep keep(keep_mode);
+  auto pm = M.ptrs(), pg = G.ptrs(), po = O.ptrs();
+  const orthopt_status st = orthopt_multi_momentum(static_cast<int64_t>(numel.size()), numel.data(), pm.data(), dm,
+                                                   pg.data(), dg, po.data(), dout, mu, w, nesterov, keep.ptr(), nullptr);
+  if (call_failed(st, "multi momentum")) return;
+  M.download();
+  O.download();
+  const std::string config = dts({{"M", dm}, {"G", dg}, {"out", dout}}) + (nesterov ? "nesterov " : "") +
+                             (ema ? "ema " : "") + keep_name(keep_mode);
+  if (keep_mode == 2) {
+    report(M.bytes == M0 && O.bytes == O0, "momentum", config, numel, 0.0, true);
+    return;
+  }
+  Worst worst;
+  for (size_t i = 0; i < numel.size(); ++i)
+    for (int64_t e = M.offset[i]; e < M.offset[i] + numel[i]; ++e) {
+      const double m = decode(M0, dm, e), g = G.get(e);
+      const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
+      worst.add(M.get(e), m_ref, unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm));
+      const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
+      const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
+      worst.add(O.get(e), o_ref, unit(dout) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dout));
+    }
+  const bool gaps = M.gaps_unchanged(M0) && O.gaps_unchanged(O0);
+  report(worst.value <= 1.0 && gaps, "momentum", config, numel, worst.value, gaps);
+}
+
+// fp64 reference of the decoupled update (update_math.cpp: decoupled_update); flip inverts the
+// cautious mask (for a direction whose sign is within rounding of zero).
+double decoupled_ref(double w, double d, double lr, double wd, double factor, bool cautious, bool flip = false) {
+  const bool mask = (w * d >= 0) != flip;
+  const double decayed = wd == 0.0 ? w : (cautious ? (mask ? w - w * lr * wd : w) : w * (1.0 - lr * wd));
+  return decayed - lr * factor * d;
+}
+
+// Checks the parameter copy: exactly the rounding of the fp32 W the kernel wrote (W fp32), or
+// within the copy's rounding of the reference.
+void check_copy(const List& P, const List& W, int64_t e, double w_ref, double tol32, Worst& worst) {
+  if (W.dt == ORTHOPT_FP32) {
+    std::vector<unsigned char> expect(esize(P.dt));
+    encode(expect, P.dt, 0, static_cast<float>(W.get(e)));
+    const bool same = std::memcmp(expect.data(), P.bytes.data() + e * esize(P.dt), esize(P.dt)) == 0;
+    worst.add(same ? 0.0 : INFINITY, 0.0, 1.0);
+  } else {
+    worst.add(P.get(e), w_ref, unit(P.dt) * std::fabs(w_ref) + unit(W.dt) * std::fabs(w_ref) + tol32);
+  }
+}
+
+void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
+                  bool cautious, double wd, int keep_mode, std::mt19937& rng) {
+  const double lr = 0.037;
+  List W(dw, numel), D(dd, numel), P(dp, numel);
+  W.fill(rng, 0.5);
+  D.fill(rng, 1.0);
+  if (keep_mode == 2) D.set(D.offset[0], NAN);
+  W.upload();
+  D.upload();
+  P.poison();
+  const auto W0 = W.bytes, P0 = P.bytes;
+  std::vector<double> factor;
+  for (size_t i = 0; i < numel.size(); ++i) factor.push_back(0.5 + 0.25 * static_cast<double>(i % 7));
+  const DevScalar<double> lr_dev(lr);
+  const Keep keep(keep_mode);
+  auto pw = W.ptrs(), pd = D.ptrs(), pp = P.ptrs();
+  const orthopt_status st =
+      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd,
+                           copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
+  if (call_failed(st, "multi update")) return;
+  W.download();
+  P.download();
+  const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
+                             (cautious ? "cautious " : "") + "wd=" + std::to_string(wd).substr(0, 4) + " " +
+                             keep_name(keep_mode);
+  if (keep_mode == 2) {
+    report(W.bytes == W0 && P.bytes == P0, "update", config, numel, 0.0, true);
+    return;
+  }
+  Worst worst;
+  for (size_t i = 0; i < numel.size(); ++i)
+    for (int64_t e = W.offset[i]; e < W.offset[i] + numel[i]; ++e) {
+      const double w = decode(W0, dw, e), d = D.get(e);
+      const double ref = decoupled_ref(w, d, lr, wd, factor[i], cautious);
+      const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor[i] * std::fabs(d)) + floor_of(dw);
+      worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
+      if (copy) check_copy(P, W, e, ref, tol32, worst);
+    }
+  const bool gaps = W.gaps_unchanged(W0) && P.gaps_unchanged(P0);
+  report(worst.value <= 1.0 && gaps && (copy || P.bytes == P0), "update", config, numel, worst.value, gaps);
+}
+
+// All buffers of an AdamW call; `steps` holds one fp32 count per tensor.
+struct AdamWLists {
+  List G, M, V, S, W, P;
+  AdamWLists(const std::vector<int64_t>& numel, orthopt_dtype dg, orthopt_dtype ds, orthopt_dtype dw, orthopt_dtype dp)
+      : G(dg, numel), M(ds, numel), V(ds, numel), S(ORTHOPT_FP32, std::vector<int64_t>(numel.size(), 1)),
+        W(dw, numel), P(dp, numel) {}
+  void fill(std::mt19937& rng) {
+    G.fill(rng, 1.0);
+    M.fill(rng, 0.1);
+    V.fill(rng, 0.01, /*positive=*/true);
+    W.fill(rng, 0.5);
+    static const double counts[] = {0, 1, 2, 9, 999};  // bias corrections from strong to none
+    for (size_t i = 0; i < S.offset.size(); ++i) S.set(S.offset[i], counts[i % 5]);
+  }
+  void upload() {
+    for (List* l : {&G, &M, &V, &S, &W}) l->upload();
+    P.poison();
+  }
+  void download() {
+    for (List* l : {&G, &M, &V, &S, &W, &P}) l->download();
+  }
+  orthopt_status run(bool copy, const double* lr, double wd, bool cautious, const uint8_t* keep, cudaStream_t stream) {
+    auto pg = G.ptrs(), pm = M.ptrs(), pv = V.ptrs(), pw = W.ptrs(), pp = P.ptrs(), ps_raw = S.ptrs();
+    std::vector<float*> ps;
+    for (void* p : ps_raw) ps.push_back(static_cast<float*>(p));
+    return orthopt_multi_adamw(static_cast<int64_t>(G.numel.size()), G.numel.data(), pg.data(), G.dt, pm.data(),
+                               pv.data(), M.dt, ps.data(), pw.data(), W.dt, copy ? pp.data() : nullptr, P.dt, lr, 0.9,
+                               0.95, 1e-8, wd, cautious, keep, stream);
+  }
+};
+
+void check_adamw(const std::vector<int64_t>& numel, orthopt_dtype dg, orthopt_dtype ds, orthopt_dtype dw, bool copy,
+                 orthopt_dtype dp, bool cautious, double wd, int keep_mode, std::mt19937& rng) {
+  const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8;
+  AdamWLists L(numel, dg, ds, dw, dp);
+  L.fill(rng);
+  if (keep_mode == 2) L.G.set(L.G.offset[0], NAN);
+  L.upload();
+  const auto M0 = L.M.bytes, V0 = L.V.bytes, S0 = L.S.bytes, W0 = L.W.bytes, P0 = L.P.bytes;
+  const DevScalar<double> lr_dev(lr);
+  const Keep keep(keep_mode);
+  if (call_failed(L.run(copy, lr_dev.dev, wd, cautious, keep.ptr(), nullptr), "multi adamw")) return;
+  L.download();
+  const std::string config = dts({{"G", dg}, {"state", ds}, {"W", dw}}) +
+                             (copy ? std::string("copy=") + name(dp) + " " : "") + (cautious ? "cautious " : "") +
+                             "wd=" + std::to_string(wd).substr(0, 4) + " " + keep_name(keep_mode);
+  if (keep_mode == 2) {
+    report(L.M.bytes == M0 && L.V.bytes == V0 && L.S.bytes == S0 && L.W.bytes == W0 && L.P.bytes == P0, "adamw",
+           config, numel, 0.0, true);
+    return;
+  }
+  Worst worst;
+  bool steps_ok = true;
+  for (size_t i = 0; i < numel.size(); ++i) {
+    const double step = decode(S0, ORTHOPT_FP32, L.S.offset[i]);
+    const double t = step + (numel[i] > 0 ? 1 : 0);  // empty tensors are skipped entirely
+    steps_ok = steps_ok && L.S.get(L.S.offset[i]) == t;
+    const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+    for (int64_t e = L.W.offset[i]; e < L.W.offset[i] + numel[i]; ++e) {
+      const double g = L.G.get(e), m = decode(M0, ds, e), v = decode(V0, ds, e), w = decode(W0, dw, e);
+      const double m_ref = b1 * m + (1 - b1) * g, m_mag = b1 * std::fabs(m) + (1 - b1) * std::fabs(g);
+      const double v_ref = b2 * v + (1 - b2) * g * g;
+      const double denom = std::sqrt(v_ref) / std::sqrt(bc2) + eps;
+      const double d = (m_ref / bc1) / denom, d_mag = (m_mag / bc1) / denom;
+      double ref = decoupled_ref(w, d, lr, wd, 1.0, cautious);
+      if (cautious && std::fabs(m_ref) <= 8 * kU32 * m_mag) {  // sign of D within rounding: either mask
+        const double alt = decoupled_ref(w, d, lr, wd, 1.0, cautious, /*flip=*/true);
+        if (std::fabs(L.W.get(e) - alt) < std::fabs(L.W.get(e) - ref)) ref = alt;
+      }
+      const double tol32 = 32 * kU32 * (std::fabs(w) + lr * d_mag) + floor_of(dw);
+      worst.add(L.M.get(e), m_ref, unit(ds) * std::fabs(m_ref) + 6 * kU32 * m_mag + floor_of(ds));
+      worst.add(L.V.get(e), v_ref, (unit(ds) + 8 * kU32) * v_ref + floor_of(ds));
+      worst.add(L.W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
+      if (copy) check_copy(L.P, L.W, e, ref, tol32, worst);
+    }
+  }
+  const bool gaps = L.M.gaps_unchanged(M0) && L.V.gaps_unchanged(V0) && L.S.gaps_unchanged(S0) &&
+                    L.W.gaps_unchanged(W0) && L.P.gaps_unchanged(P0);
+  report(worst.value <= 1.0 && gaps && steps_ok && (copy || L.P.bytes == P0), "adamw",
+         config + (steps_ok ? "" : " STEP-COUNTS-WRONG"), numel, worst.value, gaps);
+}
+
+void check_lion(const std::vector<int64_t>& numel, orthopt_dtype dg, orthopt_dtype ds, orthopt_dtype dw, bool copy,
+                orthopt_dtype dp, bool cautious, double wd, int keep_mode, std::mt19937& rng) {
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.99;
+  List G(dg, numel), M(ds, numel), W(dw, numel), P(dp, numel);
+  G.fill(rng, 1.0);
+  M.fill(rng, 0.3);
+  W.fill(rng, 0.5);
+  if (keep_mode == 2) G.set(G.offset[0], NAN);
+  for (List* l : {&G, &M, &W}) l->upload();
+  P.poison();
+  const auto M0 = M.bytes, W0 = W.bytes, P0 = P.bytes;
+  const DevScalar<double> lr_dev(lr);
+  const Keep keep(keep_mode);
+  auto pg = G.ptrs(), pm = M.ptrs(), pw = W.ptrs(), pp = P.ptrs();
+  const orthopt_status st =
+      orthopt_multi_lion(static_cast<int64_t>(numel.size()), numel.data(), pg.data(), dg, pm.data(), ds, pw.data(), dw,
+                         copy ? pp.data() : nullptr, dp, lr_dev.dev, b1, b2, wd, cautious, keep.ptr(), nullptr);
+  if (call_failed(st, "multi lion")) return;
+  for (List* l : {&M, &W, &P}) l->download();
+  const std::string config = dts({{"G", dg}, {"state", ds}, {"W", dw}}) +
+                             (copy ? std::string("copy=") + name(dp) + " " : "") + (cautious ? "cautious " : "") +
+                             "wd=" + std::to_string(wd).substr(0, 4) + " " + keep_name(keep_mode);
+  if (keep_mode == 2) {
+    report(M.bytes == M0 && W.bytes == W0 && P.bytes == P0, "lion", config, numel, 0.0, true);
+    return;
+  }
+  Worst worst;
+  int64_t ambiguous = 0;  // sign of a value within fp32 rounding of zero: either update is right
+  for (size_t i = 0; i < numel.size(); ++i)
+    for (int64_t e = W.offset[i]; e < W.offset[i] + numel[i]; ++e) {
+      const double g = G.get(e), m = decode(M0, ds, e), w = decode(W0, dw, e);
+      const double mix = b1 * m + (1 - b1) * g, mix_mag = b1 * std::fabs(m) + (1 - b1) * std::fabs(g);
+      const double m_ref = b2 * m + (1 - b2) * g, m_mag = b2 * std::fabs(m) + (1 - b2) * std::fabs(g);
+      worst.add(M.get(e), m_ref, unit(ds) * std::fabs(m_ref) + 6 * kU32 * m_mag + floor_of(ds));
+      if (std::fabs(mix) <= 8 * kU32 * mix_mag) {
+        ++ambiguous;
+        continue;
+      }
+      const double ref = decoupled_ref(w, mix > 0 ? 1.0 : -1.0, lr, wd, 1.0, cautious);
+      const double tol32 = 8 * kU32 * (std::fabs(w) + lr) + floor_of(dw);
+      worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
+      if (copy) check_copy(P, W, e, ref, tol32, worst);
+    }
+  const bool gaps = M.gaps_unchanged(M0) && W.gaps_unchanged(W0) && P.gaps_unchanged(P0);
+  report(worst.value <= 1.0 && gaps && (copy || P.bytes == P0), "lion",
+         config + (ambiguous ? " (" + std::to_string(ambiguous) + " sign ties)" : ""), numel, worst.value, gaps);
+}
+
+// The calls are capturable: an AdamW call over more tensors than one table holds, captured in a
+// CUDA graph and replayed twice with the lr changed in device memory in between, matches two
+// eager calls bit for bit (the lr is read at run time, nothing is baked in but pointers).
+void check_graph_capture(std::mt19937& rng) {
+  const auto numel = sizes_many(150);
+  AdamWLists eager(numel, ORTHOPT_BF16, ORTHOPT_FP32, ORTHOPT_FP32, ORTHOPT_BF16);
+  AdamWLists graphed(numel, ORTHOPT_BF16, ORTHOPT_FP32, ORTHOPT_FP32, ORTHOPT_BF16);
+  eager.fill(rng);
+  for (auto [a, b] : {std::pair<List*, List*>{&eager.G, &graphed.G}, {&eager.M, &graphed.M}, {&eager.V, &graphed.V},
+                      {&eager.S, &graphed.S}, {&eager.W, &graphed.W}})
+    b->bytes = a->bytes;
+  eager.upload();
+  graphed.upload();
+  DevScalar<double> lr_eager(1e-3), lr_graph(1e-3);
+  const Keep keep(1);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const orthopt_status st = graphed.run(true, lr_graph.dev, 0.1, true, keep.ptr(), stream);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  bool ok = st == ORTHOPT_OK;
+  if (!ok) std::printf("capture: %s\n", orthopt_last_error());
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (double lr : {1e-3, 2.5e-3}) {
+    lr_eager.set(lr);
+    lr_graph.set(lr);
+    ok = ok && eager.run(true, lr_eager.dev, 0.1, true, keep.ptr(), nullptr) == ORTHOPT_OK;
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  eager.download();
+  graphed.download();
+  for (auto [a, b] : {std::pair<List*, List*>{&eager.M, &graphed.M}, {&eager.V, &graphed.V}, {&eager.S, &graphed.S},
+                      {&eager.W, &graphed.W}, {&eager.P, &graphed.P}})
+    ok = ok && a->bytes == b->bytes;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  if (!ok) ++g_failures;
+  std::printf("%s multi adamw captured in a CUDA graph (%zu tensors), 2 replays == 2 eager calls bit for bit\n",
+              ok ? "ok  " : "FAIL", numel.size());
+}
+
+void check_multi_errors() {
+  const int64_t numel[2] = {3, 4};
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 64));
+  void* list[2] = {p, nullptr};
+  void* full[2] = {p, p};
+  auto has = [](const char* s) { return std::strstr(orthopt_last_error(), s) != nullptr; };
+  orthopt_status st = orthopt_multi_momentum(-1, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32,
+                                             0.9, 1.0, 0, nullptr, nullptr);
+  const bool ok1 = st == ORTHOPT_ERR_INVALID && has("'count'");
+  st = orthopt_multi_momentum(2, numel, full, ORTHOPT_FP32, list, ORTHOPT_FP32, full, ORTHOPT_FP32, 0.9, 1.0, 0,
+                              nullptr, nullptr);
+  const bool ok2 = st == ORTHOPT_ERR_INVALID && has("'grad' has a NULL pointer at index 1");
+  st = orthopt_multi_update(2, numel, full, ORTHOPT_FP32, full, static_cast<orthopt_dtype>(7), nullptr, ORTHOPT_FP32,
+                            nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
+  const bool ok3 = st == ORTHOPT_ERR_INVALID && has("'direction'") && has("fp32, bf16 or fp16");
+  st = orthopt_multi_lion(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32,
+                          nullptr, 0.9, 0.99, 0.0, 0, nullptr, nullptr);
+  const bool ok4 = st == ORTHOPT_ERR_INVALID && has("'lr'");
+  st = orthopt_multi_adamw(0, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr,
+                           ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, 0.9, 0.95, 1e-8, 0.0, 0, nullptr, nullptr);
+  const bool ok5 = st == ORTHOPT_OK;  // an empty list is a no-op
+  cudaFree(p);
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5;
+  if (!ok) ++g_failures;
+  std::printf("%s multi argument errors (%d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5);
+}
+
+void check_multi(bool quick, std::mt19937& rng) {
+  check_multi_errors();
+  std::vector<std::vector<int64_t>> sets = {sizes_basic(), sizes_many(quick ? 150 : 300)};
+  if (!quick) sets.push_back(sizes_large());
+  constexpr orthopt_dtype F32 = ORTHOPT_FP32, B16 = ORTHOPT_BF16, F16 = ORTHOPT_FP16;
+  for (const auto& sz : sets) {
+    check_momentum(sz, F32, F32, F32, true, false, 0, rng);
+    check_momentum(sz, F32, B16, B16, false, true, 1, rng);
+    check_momentum(sz, B16, B16, F16, true, true, 0, rng);
+    check_momentum(sz, F16, F16, F32, false, false, 1, rng);
+    check_update(sz, F32, F32, false, F32, false, 0.1, 0, rng);
+    check_update(sz, F32, B16, true, B16, true, 0.1, 1, rng);
+    check_update(sz, B16, F16, false, F32, false, 0.0, 0, rng);
+    check_update(sz, F32, F32, true, F16, true, 0.05, 0, rng);
+    check_adamw(sz, F32, F32, F32, false, F32, false, 0.01, 0, rng);
+    check_adamw(sz, B16, F32, F32, true, B16, true, 0.1, 1, rng);
+    check_adamw(sz, B16, B16, B16, false, F32, false, 0.0, 0, rng);
+    check_lion(sz, F32, F32, F32, false, F32, true, 0.1, 0, rng);
+    check_lion(sz, B16, F32, F32, true, B16, false, 0.1, 1, rng);
+    check_lion(sz, F16, F16, F16, false, F32, false, 0.0, 0, rng);
+  }
+  for (const auto& sz : {sizes_basic(), sizes_many(150)}) {  // skip: nothing written, NaN gradients too
+    check_momentum(sz, F32, F32, B16, true, false, 2, rng);
+    check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng);
+    check_adamw(sz, F32, F32, F32, true, B16, true, 0.1, 2, rng);
+    check_lion(sz, F32, F32, F32, true, B16, false, 0.1, 2, rng);
+  }
+  check_graph_capture(rng);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -234,6 +725,7 @@ int main(int argc, char** argv) {
     check_gemm(dt, 3, 64, 80, 64, 2, rng);
     if (!quick) check_gemm(dt, 2, 512, 1000, 512, 1, rng);
   }
+  check_multi(quick, rng);
   std::printf("kernel_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
   return g_failures ? 1 : 0;

@@ -1,0 +1,467 @@
+// Multi-tensor elementwise kernels of the optimizer step (orthopt_multi_*): Muon momentum, the
+// decoupled update, AdamW and Lion over lists of tensors. The GPU step was launch-bound with a
+// handful of ATen ops per tensor (docs/gpu.md); here a list costs one launch per table.
+//
+// Layout: a Table (device pointers per role, sizes, per-tensor factors and the first block of
+// each tensor) is a kernel argument passed by value, so no host-to-device copy happens and the
+// launches can be captured in a CUDA graph. Block b finds its tensor by scanning the cumulative
+// block counts and processes one chunk of kChunk elements of it. A list longer than a table's
+// capacity is launched in several tables, in order.
+//
+// Numerics: every fp32 operation is one IEEE operation in the order of the ATen reference
+// (src/optim/update_math.cpp). The __f*_rn / __d*_rn intrinsics keep nvcc from contracting
+// a·b + c into a fused multiply-add (which rounds once instead of twice and would make the two
+// paths differ); hyperparameters are rounded to fp32 once, as ATen does with a Scalar; products
+// with lr are fp64, like the reference's 0-d fp64 lr tensor.
+#include <array>
+#include <vector>
+
+#include "internal.h"
+
+namespace orthopt_k {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kIlp = 4;  // elements per thread loaded before any is stored (memory parallelism)
+constexpr int64_t kChunk = int64_t(kThreads) * kIlp * 16;  // elements per block
+constexpr int64_t kMaxBlocks = int64_t(1) << 30;             // per launch (grid.x < 2^31)
+constexpr int64_t kMaxNumel = kMaxBlocks * kChunk;           // one tensor fits one launch
+// A table plus the per-kernel scalars stay within the classic 4 KiB kernel-argument limit.
+constexpr size_t kTableBytes = 3840;
+
+template <int R>  // R pointer roles per tensor
+struct Table {
+  static constexpr int kCapacity =
+      static_cast<int>((kTableBytes - 16) / (R * sizeof(void*) + sizeof(int64_t) + sizeof(double) + sizeof(int)));
+  void* ptr[R][kCapacity];
+  int64_t numel[kCapacity];
+  double factor[kCapacity];
+  int block_start[kCapacity + 1];  // first block of tensor i; block_start[count] = blocks in all
+  int count;
+};
+
+__device__ __forceinline__ float load(const void* p, int64_t i, orthopt_dtype dt) {
+  switch (dt) {
+    case ORTHOPT_FP32: return static_cast<const float*>(p)[i];
+    case ORTHOPT_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+// Round to nearest even, like ATen's casts.
+__device__ __forceinline__ void store(void* p, int64_t i, orthopt_dtype dt, float v) {
+  switch (dt) {
+    case ORTHOPT_FP32: static_cast<float*>(p)[i] = v; break;
+    case ORTHOPT_BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
+__device__ __forceinline__ bool skipped(const uint8_t* keep) { return keep != nullptr && *keep == 0; }
+
+// This block's tensor and its element range [begin, end).
+template <int R>
+__device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, int64_t* end) {
+  const int b = static_cast<int>(blockIdx.x);
+  int i = 0;
+  while (i + 1 < t.count && b >= t.block_start[i + 1]) ++i;
+  *begin = static_cast<int64_t>(b - t.block_start[i]) * kChunk;
+  *end = *begin + kChunk < t.numel[i] ? *begin + kChunk : t.numel[i];
+  return i;
+}
+
+// ---- decoupled weight decay and update (update_math.cpp: decoupled_update)
+
+struct Decay {
+  const double* lr;  // device
+  double weight_decay;
+  int mode;  // 0: no decay (wd == 0), 1: W·(1 − lr·wd), 2: cautious
+};
+
+struct DecayConsts {
+  float keep, decay, step;  // 1 − lr·wd, lr·wd, lr·factor
+};
+
+__device__ __forceinline__ DecayConsts decay_consts(const Decay& a, double factor) {
+  const double lr = *a.lr;
+  const double lr_wd = __dmul_rn(lr, a.weight_decay);
+  return {__double2float_rn(__dsub_rn(1.0, lr_wd)), __double2float_rn(lr_wd),
+          __double2float_rn(__dmul_rn(lr, factor))};
+}
+
+// Reference: W·(1 − lr·wd) or, cautious, W − (W·mask)·(lr·wd) with mask = (W·D >= 0); then
+// decayed − D·(lr·factor).
+__device__ __forceinline__ float decoupled(float w, float d, int mode, const DecayConsts& c) {
+  float decayed = w;
+  if (mode == 1) {
+    decayed = __fmul_rn(w, c.keep);
+  } else if (mode == 2) {
+    const float mask = __fmul_rn(w, d) >= 0.0f ? 1.0f : 0.0f;
+    decayed = __fsub_rn(w, __fmul_rn(__fmul_rn(w, mask), c.decay));
+  }
+  return __fsub_rn(decayed, __fmul_rn(d, c.step));
+}
+
+// ---- kernels. Each first checks the keep flag (skip: write nothing), then walks its chunk
+// kIlp elements per thread at a time: all loads of a group, then the math and the stores.
+
+struct MomentumArgs {
+  float mu, grad_weight;
+  int nesterov;
+  orthopt_dtype momentum_dtype, grad_dtype, out_dtype;
+  const uint8_t* keep;
+};
+
+// roles: 0 momentum (read, written), 1 gradient, 2 orthogonalization input (written)
+__global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constant__ Table<3> t, const MomentumArgs a) {
+  if (skipped(a.keep)) return;
+  int64_t begin, end;
+  const int i = block_tensor(t, &begin, &end);
+  void* M = t.ptr[0][i];
+  const void* G = t.ptr[1][i];
+  void* out = t.ptr[2][i];
+  for (int64_t base = begin + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float m[kIlp], g[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      m[r] = e < end ? load(M, e, a.momentum_dtype) : 0.0f;
+      g[r] = e < end ? load(G, e, a.grad_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      if (e >= end) continue;
+      const float wg = __fmul_rn(g[r], a.grad_weight);
+      const float m_new = __fadd_rn(__fmul_rn(m[r], a.mu), wg);
+      store(M, e, a.momentum_dtype, m_new);
+      store(out, e, a.out_dtype, a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new);
+    }
+  }
+}
+
+struct UpdateArgs {
+  Decay decay;
+  orthopt_dtype weight_dtype, direction_dtype, param_dtype;
+  const uint8_t* keep;
+};
+
+// roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none)
+__global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table<3> t, const UpdateArgs a) {
+  if (skipped(a.keep)) return;
+  int64_t begin, end;
+  const int i = block_tensor(t, &begin, &end);
+  const DecayConsts c = decay_consts(a.decay, t.factor[i]);
+  void* W = t.ptr[0][i];
+  const void* D = t.ptr[1][i];
+  void* P = t.ptr[2][i];
+  for (int64_t base = begin + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float w[kIlp], d[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      w[r] = e < end ? load(W, e, a.weight_dtype) : 0.0f;
+      d[r] = e < end ? load(D, e, a.direction_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      if (e >= end) continue;
+      const float w_new = decoupled(w[r], d[r], a.decay.mode, c);
+      store(W, e, a.weight_dtype, w_new);
+      if (P) store(P, e, a.param_dtype, w_new);
+    }
+  }
+}
+
+struct AdamWArgs {
+  Decay decay;
+  double beta1, beta2;  // fp64 for the bias corrections
+  float b1, one_minus_b1, b2, one_minus_b2, eps;
+  orthopt_dtype grad_dtype, state_dtype, weight_dtype, param_dtype;
+  const uint8_t* keep;
+};
+
+// roles: 0 gradient, 1 exp_avg, 2 exp_avg_sq, 3 step (fp32, only read here), 4 W, 5 parameter copy
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ Table<6> t, const AdamWArgs a) {
+  if (skipped(a.keep)) return;
+  int64_t begin, end;
+  const int i = block_tensor(t, &begin, &end);
+  const DecayConsts c = decay_consts(a.decay, 1.0);
+  // Bias corrections from the step count after this step (update_math.cpp: adamw_direction).
+  const float step_new = __fadd_rn(*static_cast<const float*>(t.ptr[3][i]), 1.0f);
+  const double bc1 = __dsub_rn(1.0, pow(a.beta1, static_cast<double>(step_new)));
+  const double bc2 = __dsub_rn(1.0, pow(a.beta2, static_cast<double>(step_new)));
+  const float bc1_f = __double2float_rn(bc1), bc2_sqrt_f = __double2float_rn(__dsqrt_rn(bc2));
+  const void* G = t.ptr[0][i];
+  void* M = t.ptr[1][i];
+  void* V = t.ptr[2][i];
+  void* W = t.ptr[4][i];
+  void* P = t.ptr[5][i];
+  for (int64_t base = begin + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float g[kIlp], m[kIlp], v[kIlp], w[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      const bool in = e < end;
+      g[r] = in ? load(G, e, a.grad_dtype) : 0.0f;
+      m[r] = in ? load(M, e, a.state_dtype) : 0.0f;
+      v[r] = in ? load(V, e, a.state_dtype) : 0.0f;
+      w[r] = in ? load(W, e, a.weight_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      if (e >= end) continue;
+      const float m_new = __fadd_rn(__fmul_rn(m[r], a.b1), __fmul_rn(g[r], a.one_minus_b1));
+      const float v_new = __fadd_rn(__fmul_rn(v[r], a.b2), __fmul_rn(__fmul_rn(g[r], g[r]), a.one_minus_b2));
+      const float d = __fdiv_rn(__fdiv_rn(m_new, bc1_f), __fadd_rn(__fdiv_rn(__fsqrt_rn(v_new), bc2_sqrt_f), a.eps));
+      const float w_new = decoupled(w[r], d, a.decay.mode, c);
+      store(M, e, a.state_dtype, m_new);
+      store(V, e, a.state_dtype, v_new);
+      store(W, e, a.weight_dtype, w_new);
+      if (P) store(P, e, a.param_dtype, w_new);
+    }
+  }
+}
+
+// step ← step + 1 for every tensor of an AdamW table; launched after adamw_kernel on the same
+// table (every block of that kernel reads the old count, so it cannot write it itself).
+__global__ void step_increment_kernel(const __grid_constant__ Table<6> t, const uint8_t* keep) {
+  if (skipped(keep)) return;
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= t.count) return;
+  float* s = static_cast<float*>(t.ptr[3][i]);
+  *s = __fadd_rn(*s, 1.0f);
+}
+
+struct LionArgs {
+  Decay decay;
+  float b1, one_minus_b1, b2, one_minus_b2;
+  orthopt_dtype grad_dtype, state_dtype, weight_dtype, param_dtype;
+  const uint8_t* keep;
+};
+
+// roles: 0 gradient, 1 exp_avg, 2 W, 3 parameter copy
+__global__ void __launch_bounds__(kThreads) lion_kernel(const __grid_constant__ Table<4> t, const LionArgs a) {
+  if (skipped(a.keep)) return;
+  int64_t begin, end;
+  const int i = block_tensor(t, &begin, &end);
+  const DecayConsts c = decay_consts(a.decay, 1.0);
+  const void* G = t.ptr[0][i];
+  void* M = t.ptr[1][i];
+  void* W = t.ptr[2][i];
+  void* P = t.ptr[3][i];
+  for (int64_t base = begin + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float g[kIlp], m[kIlp], w[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      const bool in = e < end;
+      g[r] = in ? load(G, e, a.grad_dtype) : 0.0f;
+      m[r] = in ? load(M, e, a.state_dtype) : 0.0f;
+      w[r] = in ? load(W, e, a.weight_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t e = base + r * kThreads;
+      if (e >= end) continue;
+      const float mix = __fadd_rn(__fmul_rn(m[r], a.b1), __fmul_rn(g[r], a.one_minus_b1));
+      const float d = static_cast<float>((0.0f < mix) - (mix < 0.0f));  // ATen's sign: NaN -> 0
+      const float m_new = __fadd_rn(__fmul_rn(m[r], a.b2), __fmul_rn(g[r], a.one_minus_b2));
+      const float w_new = decoupled(w[r], d, a.decay.mode, c);
+      store(M, e, a.state_dtype, m_new);
+      store(W, e, a.weight_dtype, w_new);
+      if (P) store(P, e, a.param_dtype, w_new);
+    }
+  }
+}
+
+static_assert(sizeof(Table<3>) <= kTableBytes && sizeof(Table<4>) <= kTableBytes && sizeof(Table<6>) <= kTableBytes,
+              "tables must fit the kernel-argument budget");
+static_assert(sizeof(Table<6>) + sizeof(AdamWArgs) <= 4096 && sizeof(Table<4>) + sizeof(LionArgs) <= 4096 &&
+                  sizeof(Table<3>) + sizeof(UpdateArgs) <= 4096 && sizeof(Table<3>) + sizeof(MomentumArgs) <= 4096,
+              "kernel arguments must stay within 4 KiB");
+static_assert(Table<6>::kCapacity <= kThreads, "step_increment_kernel: one thread per tensor of a table");
+
+// ---- host side
+
+// Fills tables with the non-empty tensors of the lists, in order, and calls launch(table,
+// blocks) for each full table and for the last one. lists[r] may be NULL (role absent).
+template <int R, typename Launch>
+orthopt_status for_each_table(int64_t count, const int64_t* numel, const std::array<const void* const*, R>& lists,
+                              const double* factor, Launch&& launch) {
+  Table<R> t{};
+  int64_t blocks = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    if (numel[j] == 0) continue;
+    const int64_t chunks = (numel[j] + kChunk - 1) / kChunk;
+    if (t.count > 0 && (t.count == Table<R>::kCapacity || blocks + chunks > kMaxBlocks)) {
+      ORTHOPT_STATUS_TRY(launch(t, blocks));
+      t.count = 0;
+      blocks = 0;
+    }
+    const int c = t.count;
+    for (int r = 0; r < R; ++r) t.ptr[r][c] = lists[r] ? const_cast<void*>(lists[r][j]) : nullptr;
+    t.numel[c] = numel[j];
+    t.factor[c] = factor ? factor[j] : 1.0;
+    t.block_start[c] = static_cast<int>(blocks);
+    blocks += chunks;
+    t.block_start[c + 1] = static_cast<int>(blocks);
+    t.count = c + 1;
+  }
+  if (t.count > 0) ORTHOPT_STATUS_TRY(launch(t, blocks));
+  return ORTHOPT_OK;
+}
+
+bool valid_elementwise_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
+
+orthopt_status check_sizes(const char* fn, int64_t count, const int64_t* numel) {
+  if (count < 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'count' must be >= 0, got %lld", fn, (long long)count);
+  if (count > 0 && !numel) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' must not be NULL", fn);
+  for (int64_t i = 0; i < count; ++i)
+    if (numel[i] < 0 || numel[i] > kMaxNumel)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is outside [0, %lld]", fn, (long long)i,
+                  (long long)numel[i], (long long)kMaxNumel);
+  return ORTHOPT_OK;
+}
+
+// A list: the array must exist and hold a pointer for every non-empty tensor; its dtype valid.
+orthopt_status check_list(const char* fn, const char* what, int64_t count, const int64_t* numel,
+                          const void* const* list, orthopt_dtype dtype) {
+  if (!list) return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' must not be NULL", fn, what);
+  for (int64_t i = 0; i < count; ++i)
+    if (numel[i] > 0 && !list[i])
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' has a NULL pointer at index %lld", fn, what, (long long)i);
+  if (!valid_elementwise_dtype(dtype))
+    return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument '%s' must be fp32, bf16 or fp16, got %d", fn, what,
+                static_cast<int>(dtype));
+  return ORTHOPT_OK;
+}
+
+Decay make_decay(const double* lr, double weight_decay, int cautious) {
+  return {lr, weight_decay, weight_decay == 0.0 ? 0 : (cautious ? 2 : 1)};
+}
+
+}  // namespace
+}  // namespace orthopt_k
+
+using namespace orthopt_k;
+
+extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void* const* momentum,
+                                                 orthopt_dtype momentum_dtype, const void* const* grad,
+                                                 orthopt_dtype grad_dtype, void* const* out, orthopt_dtype out_dtype,
+                                                 double mu, double grad_weight, int nesterov, const uint8_t* keep,
+                                                 cudaStream_t stream) {
+  const char* fn = "orthopt_multi_momentum";
+  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
+  if (count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
+  const MomentumArgs args{static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0,
+                          momentum_dtype, grad_dtype, out_dtype, keep};
+  return for_each_table<3>(count, numel, {momentum, grad, out}, nullptr,
+                           [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
+                             momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+                             ORTHOPT_CUDA_TRY(cudaGetLastError());
+                             return ORTHOPT_OK;
+                           });
+}
+
+extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
+                                               orthopt_dtype weight_dtype, const void* const* direction,
+                                               orthopt_dtype direction_dtype, void* const* param_out,
+                                               orthopt_dtype param_dtype, const double* factor, const double* lr,
+                                               double weight_decay, int cautious, const uint8_t* keep,
+                                               cudaStream_t stream) {
+  const char* fn = "orthopt_multi_update";
+  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
+  if (count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
+  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
+  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
+  const UpdateArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype, keep};
+  return for_each_table<3>(count, numel, {weight, direction, param_out}, factor,
+                           [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
+                             update_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+                             ORTHOPT_CUDA_TRY(cudaGetLastError());
+                             return ORTHOPT_OK;
+                           });
+}
+
+extern "C" orthopt_status orthopt_multi_adamw(int64_t count, const int64_t* numel, const void* const* grad,
+                                              orthopt_dtype grad_dtype, void* const* exp_avg,
+                                              void* const* exp_avg_sq, orthopt_dtype state_dtype, float* const* step,
+                                              void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
+                                              orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
+                                              double eps, double weight_decay, int cautious, const uint8_t* keep,
+                                              cudaStream_t stream) {
+  const char* fn = "orthopt_multi_adamw";
+  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
+  if (count == 0) return ORTHOPT_OK;
+  if (!step) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'step' must not be NULL", fn);
+  const std::vector<const void*> steps(step, step + count);  // as untyped pointers, like the other lists
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", count, numel, exp_avg, state_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg_sq", count, numel, exp_avg_sq, state_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "step", count, numel, steps.data(), ORTHOPT_FP32));
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
+  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
+  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
+  const AdamWArgs args{make_decay(lr, weight_decay, cautious),
+                       beta1,
+                       beta2,
+                       static_cast<float>(beta1),
+                       static_cast<float>(1.0 - beta1),
+                       static_cast<float>(beta2),
+                       static_cast<float>(1.0 - beta2),
+                       static_cast<float>(eps),
+                       grad_dtype,
+                       state_dtype,
+                       weight_dtype,
+                       param_dtype,
+                       keep};
+  return for_each_table<6>(count, numel,
+                           {grad, exp_avg, exp_avg_sq, steps.data(), weight, param_out},
+                           nullptr, [&](const Table<6>& t, int64_t blocks) -> orthopt_status {
+                             adamw_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+                             ORTHOPT_CUDA_TRY(cudaGetLastError());
+                             step_increment_kernel<<<1, kThreads, 0, stream>>>(t, keep);
+                             ORTHOPT_CUDA_TRY(cudaGetLastError());
+                             return ORTHOPT_OK;
+                           });
+}
+
+extern "C" orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel, const void* const* grad,
+                                             orthopt_dtype grad_dtype, void* const* exp_avg, orthopt_dtype state_dtype,
+                                             void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
+                                             orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
+                                             double weight_decay, int cautious, const uint8_t* keep,
+                                             cudaStream_t stream) {
+  const char* fn = "orthopt_multi_lion";
+  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
+  if (count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", count, numel, exp_avg, state_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
+  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
+  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
+  const LionArgs args{make_decay(lr, weight_decay, cautious),
+                      static_cast<float>(beta1),
+                      static_cast<float>(1.0 - beta1),
+                      static_cast<float>(beta2),
+                      static_cast<float>(1.0 - beta2),
+                      grad_dtype,
+                      state_dtype,
+                      weight_dtype,
+                      param_dtype,
+                      keep};
+  return for_each_table<4>(count, numel, {grad, exp_avg, weight, param_out}, nullptr,
+                           [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
+                             lion_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+                             ORTHOPT_CUDA_TRY(cudaGetLastError());
+                             return ORTHOPT_OK;
+                           });
+}

@@ -1,0 +1,230 @@
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/multi_tensor_cuda.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "orthopt_kernels.h"
+
+namespace orthopt::cuda {
+namespace {
+
+constexpr int kAbsent = -1;  // dtype code of an absent optional tensor (no parameter copy)
+
+bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+orthopt_dtype kernel_dtype(at::ScalarType t) {
+  return t == at::kFloat ? ORTHOPT_FP32 : (t == at::kBFloat16 ? ORTHOPT_BF16 : ORTHOPT_FP16);
+}
+
+void check_status(orthopt_status st, const char* fn) { TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error()); }
+
+// One argument of a call: a list of tensors and how its entries are checked.
+struct List {
+  const std::vector<at::Tensor>* tensors;
+  const char* name;
+  bool optional = false;  // the list may be empty and its entries undefined
+  bool count = false;     // entries are 0-d fp32 step counts (not shaped like the first list)
+};
+
+bool present(const List& l, size_t i) { return !l.tensors->empty() && (*l.tensors)[i].defined(); }
+
+// Checks every list against the first one (sizes, device, element counts, contiguity, dtypes)
+// and groups the indices by the dtypes of their tensors: one kernel call per group.
+std::map<std::vector<int>, std::vector<size_t>> by_dtypes(const std::vector<List>& lists, const char* fn) {
+  const std::vector<at::Tensor>& first = *lists[0].tensors;
+  const size_t n = first.size();
+  for (const List& l : lists)
+    TORCH_CHECK(l.tensors->size() == n || (l.optional && l.tensors->empty()), fn, ": argument '", l.name, "' has ",
+                l.tensors->size(), " tensors, expected ", n);
+  std::map<std::vector<int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int> key;
+    for (const List& l : lists) {
+      if (l.optional && !present(l, i)) {
+        key.push_back(kAbsent);
+        continue;
+      }
+      const at::Tensor& t = (*l.tensors)[i];
+      TORCH_CHECK(t.defined(), fn, ": argument '", l.name, "' [", i, "] is undefined");
+      TORCH_CHECK(t.is_cuda() && t.device() == first[0].device(), fn, ": argument '", l.name, "' [", i,
+                  "]: expected a tensor on ", first[0].device(), ", got ", t.device());
+      TORCH_CHECK(t.is_contiguous(), fn, ": argument '", l.name, "' [", i, "] must be contiguous");
+      TORCH_CHECK(supported_dtype(t.scalar_type()), fn, ": argument '", l.name, "' [", i,
+                  "]: expected fp32, bf16 or fp16, got ", t.scalar_type());
+      if (l.count) {
+        TORCH_CHECK(t.numel() == 1 && t.scalar_type() == at::kFloat, fn, ": argument '", l.name, "' [", i,
+                    "]: expected a one-element fp32 step count, got ", t.scalar_type(), " with ", t.numel(),
+                    " elements");
+      } else {
+        TORCH_CHECK(t.numel() == first[i].numel(), fn, ": argument '", l.name, "' [", i, "] has ", t.numel(),
+                    " elements, expected ", first[i].numel(), " (argument '", lists[0].name, "')");
+      }
+      key.push_back(static_cast<int>(kernel_dtype(t.scalar_type())));
+    }
+    groups[key].push_back(i);
+  }
+  return groups;
+}
+
+std::vector<int64_t> numels(const std::vector<at::Tensor>& list, const std::vector<size_t>& idx) {
+  std::vector<int64_t> out;
+  for (size_t i : idx) out.push_back(list[i].numel());
+  return out;
+}
+
+// The device pointers of a list at idx; empty (passed as NULL) when the list is absent there.
+std::vector<void*> pointers(const List& l, const std::vector<size_t>& idx) {
+  std::vector<void*> out;
+  if (!l.optional || present(l, idx[0]))  // a group holds only present or only absent entries
+    for (size_t i : idx) out.push_back((*l.tensors)[i].data_ptr());
+  return out;
+}
+
+void** data_or_null(std::vector<void*>& v) { return v.empty() ? nullptr : v.data(); }
+
+const uint8_t* keep_pointer(const at::Tensor& keep, const at::Device& device, const char* fn) {
+  if (!keep.defined()) return nullptr;
+  TORCH_CHECK(keep.scalar_type() == at::kBool && keep.numel() == 1 && keep.is_cuda() && keep.device() == device, fn,
+              ": argument 'keep': expected a one-element bool tensor on ", device, ", got ", keep.scalar_type(),
+              " with ", keep.numel(), " elements on ", keep.device());
+  return static_cast<const uint8_t*>(keep.data_ptr());
+}
+
+const double* lr_pointer(const at::Tensor& lr, const at::Device& device, const char* fn) {
+  TORCH_CHECK(lr.defined() && lr.scalar_type() == at::kDouble && lr.numel() == 1 && lr.is_cuda() &&
+                  lr.device() == device,
+              fn, ": argument 'lr': expected a one-element fp64 tensor on ", device);
+  return static_cast<const double*>(lr.data_ptr());
+}
+
+}  // namespace
+
+bool multi_tensor_handles(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cuda() || !supported_dtype(t.scalar_type()) || !t.is_contiguous() || t.numel() == 0)
+    return false;
+  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+              const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
+              const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::momentum";
+  const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}, {&outs, "outs"}};
+  const auto groups = by_dtypes(lists, fn);
+  if (momenta.empty()) return;
+  const at::Device device = momenta[0].device();
+  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  for (const auto& [dt, idx] : groups) {
+    const auto numel = numels(momenta, idx);
+    auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx);
+    check_status(orthopt_multi_momentum(static_cast<int64_t>(idx.size()), numel.data(), M.data(),
+                                        static_cast<orthopt_dtype>(dt[0]), G.data(), static_cast<orthopt_dtype>(dt[1]),
+                                        O.data(), static_cast<orthopt_dtype>(dt[2]), mu, grad_weight, nesterov ? 1 : 0,
+                                        keep_ptr, stream),
+                 "orthopt_multi_momentum");
+  }
+}
+
+void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
+            const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
+            double weight_decay, bool cautious, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::update";
+  const std::vector<List> lists = {
+      {&weights, "weights"}, {&directions, "directions"}, {&param_copies, "param_copies", /*optional=*/true}};
+  const auto groups = by_dtypes(lists, fn);
+  TORCH_CHECK(factors.size() == weights.size(), fn, ": argument 'factors' has ", factors.size(), " entries, expected ",
+              weights.size());
+  if (weights.empty()) return;
+  const at::Device device = weights[0].device();
+  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
+  const double* lr_ptr = lr_pointer(lr, device, fn);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  for (const auto& [dt, idx] : groups) {
+    const auto numel = numels(weights, idx);
+    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx);
+    std::vector<double> factor;
+    for (size_t i : idx) factor.push_back(factors[i]);
+    const orthopt_dtype param_dtype = dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]);
+    check_status(orthopt_multi_update(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
+                                      static_cast<orthopt_dtype>(dt[0]), D.data(), static_cast<orthopt_dtype>(dt[1]),
+                                      data_or_null(P), param_dtype, factor.data(), lr_ptr, weight_decay,
+                                      cautious ? 1 : 0, keep_ptr, stream),
+                 "orthopt_multi_update");
+  }
+}
+
+void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+           const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,
+           const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,
+           double beta1, double beta2, double eps, double weight_decay, bool cautious, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::adamw";
+  const std::vector<List> lists = {{&grads, "grads"},
+                                   {&exp_avgs, "exp_avgs"},
+                                   {&exp_avg_sqs, "exp_avg_sqs"},
+                                   {&steps, "steps", /*optional=*/false, /*count=*/true},
+                                   {&weights, "weights"},
+                                   {&param_copies, "param_copies", /*optional=*/true}};
+  const auto groups = by_dtypes(lists, fn);
+  if (grads.empty()) return;
+  const at::Device device = grads[0].device();
+  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
+  const double* lr_ptr = lr_pointer(lr, device, fn);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  for (const auto& [dt, idx] : groups) {
+    // exp_avg and exp_avg_sq share one dtype in a kernel call.
+    TORCH_CHECK(dt[1] == dt[2], fn, ": arguments 'exp_avgs' and 'exp_avg_sqs' must have the same dtype per tensor");
+    const auto numel = numels(grads, idx);
+    auto G = pointers(lists[0], idx), M = pointers(lists[1], idx), V = pointers(lists[2], idx);
+    auto W = pointers(lists[4], idx), P = pointers(lists[5], idx);
+    std::vector<float*> S;
+    for (size_t i : idx) S.push_back(static_cast<float*>(steps[i].data_ptr()));
+    const orthopt_dtype param_dtype = dt[5] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[5]);
+    check_status(orthopt_multi_adamw(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
+                                     static_cast<orthopt_dtype>(dt[0]), M.data(), V.data(),
+                                     static_cast<orthopt_dtype>(dt[1]), S.data(), W.data(),
+                                     static_cast<orthopt_dtype>(dt[4]), data_or_null(P), param_dtype, lr_ptr, beta1,
+                                     beta2, eps, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
+                 "orthopt_multi_adamw");
+  }
+}
+
+void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+          const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,
+          double beta1, double beta2, double weight_decay, bool cautious, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::lion";
+  const std::vector<List> lists = {{&grads, "grads"},
+                                   {&exp_avgs, "exp_avgs"},
+                                   {&weights, "weights"},
+                                   {&param_copies, "param_copies", /*optional=*/true}};
+  const auto groups = by_dtypes(lists, fn);
+  if (grads.empty()) return;
+  const at::Device device = grads[0].device();
+  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
+  const double* lr_ptr = lr_pointer(lr, device, fn);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  for (const auto& [dt, idx] : groups) {
+    const auto numel = numels(grads, idx);
+    auto G = pointers(lists[0], idx), M = pointers(lists[1], idx), W = pointers(lists[2], idx);
+    auto P = pointers(lists[3], idx);
+    const orthopt_dtype param_dtype = dt[3] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[3]);
+    check_status(orthopt_multi_lion(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
+                                    static_cast<orthopt_dtype>(dt[0]), M.data(), static_cast<orthopt_dtype>(dt[1]),
+                                    W.data(), static_cast<orthopt_dtype>(dt[2]), data_or_null(P), param_dtype, lr_ptr,
+                                    beta1, beta2, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
+                 "orthopt_multi_lion");
+  }
+}
+
+}  // namespace orthopt::cuda
+#endif  // ORTHOPT_WITH_CUDA

@@ -1,0 +1,46 @@
+#pragma once
+// ATen glue over the multi-tensor elementwise kernels of the optimizer step
+// (kernels/include/orthopt_kernels.h, orthopt_multi_*): lists of CUDA tensors updated in a few
+// launches. Compiled only when torch has CUDA and the kernels are built (ORTHOPT_WITH_CUDA).
+//
+// Lists hold tensors of one device; tensors at the same index of different lists have the same
+// number of elements and are contiguous. A list may mix dtypes (fp32, bf16, fp16): it is split
+// into one kernel call per combination of dtypes. `keep` is a 0-d bool CUDA tensor (false:
+// nothing at all is written, the skip factor) or undefined (always apply); `lr` a 0-d fp64
+// CUDA tensor. `param_copies` is empty or has one entry per tensor, undefined where no copy is
+// wanted: the bf16/fp16 parameter that receives the new fp32 master weight.
+#ifdef ORTHOPT_WITH_CUDA
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace orthopt::cuda {
+
+// Whether the multi-tensor kernels take this tensor: a non-empty contiguous CUDA tensor in
+// fp32, bf16 or fp16, and the kernels not switched off by ORTHOPT_GPU_KERNELS=0 (read at each
+// call, like handles(), so a test can compare with the reference path in one process).
+bool multi_tensor_handles(const at::Tensor& t);
+
+// M ← μ·M + w·G; out = nesterov ? w·G + μ·M_new : M_new (in out's dtype).
+void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+              const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
+              const at::Tensor& keep);
+
+// W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0).
+void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
+            const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
+            double weight_decay, bool cautious, const at::Tensor& keep);
+
+// AdamW moments, bias corrections from each tensor's 0-d fp32 step count (incremented), update.
+void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+           const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,
+           const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,
+           double beta1, double beta2, double eps, double weight_decay, bool cautious, const at::Tensor& keep);
+
+// Lion: D = sign(β1·m + (1−β1)·G), m ← β2·m + (1−β2)·G, update.
+void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
+          const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,
+          double beta1, double beta2, double weight_decay, bool cautious, const at::Tensor& keep);
+
+}  // namespace orthopt::cuda
+#endif
