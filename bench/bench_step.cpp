@@ -13,6 +13,10 @@
 #include <fstream>
 #include <iostream>
 
+#ifdef ORTHOPT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "bench_step.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
@@ -143,6 +147,11 @@ int run_step(const StepArgs& a) {
   };
   for (const auto& set : a.sets) {
     for (const auto& alg : a.algorithms) {
+#ifdef ORTHOPT_WITH_CUDA
+      // The previous configuration's memory sits in the caching allocator; a graph capture
+      // allocates from a private pool that cannot reuse it (Llama: out of memory without this).
+      if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
       Named named = param_set(set, device);
       RoutingOptions routing;
       routing.matrix.algorithm = parse_algorithm(alg);
@@ -157,6 +166,9 @@ int run_step(const StepArgs& a) {
       }
     }
     if (a.peer) {
+#ifdef ORTHOPT_WITH_CUDA
+      if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
       Named named = param_set(set, device);
       RoutingOptions routing;
       PeerStep muon(named, true, routing);

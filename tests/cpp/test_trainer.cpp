@@ -418,15 +418,27 @@ TEST(Trainer, CompareWritesTablesAndPlot) {
   auto r = run({"compare", "--preset", "tiny", "--context", "32", "--batch-size", "4", "--steps", "6",
                 "--eval-every", "3", "--eval-batches", "2", "--data", corpus_path(), "--algorithms", "adamw,muon",
                 "--run-dir", dir.string(), "--plot-script", std::string(src) + "/scripts/plot_compare.py"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // The plot needs matplotlib in /usr/bin/python3 (scripts/bootstrap.sh installs it; the GPU
+  // machine has none): without it compare exits 2 after writing the tables, and says so.
+  const bool can_plot = std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+  if (can_plot) {
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  } else {
+    ASSERT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("the tables are written"), std::string::npos) << r.err;
+  }
   const std::string csv = read_file(dir / "compare.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;  // header + 2 optimizers
   EXPECT_NE(csv.find("\nadamw,"), std::string::npos);
   EXPECT_NE(csv.find("\nmuon,"), std::string::npos);
   EXPECT_NE(read_file(dir / "compare.md").find("| muon |"), std::string::npos);
-  const std::string png = read_file(dir / "compare.png");
-  ASSERT_GT(png.size(), 1000u);
-  EXPECT_EQ(png.substr(1, 3), "PNG");
+  if (can_plot) {
+    const std::string png = read_file(dir / "compare.png");
+    ASSERT_GT(png.size(), 1000u);
+    EXPECT_EQ(png.substr(1, 3), "PNG");
+  } else {
+    EXPECT_FALSE(fs::exists(dir / "compare.png"));
+  }
   // The curves hold both optimizers' evaluations at steps 3 and 6.
   const std::string curves = read_file(dir / "curves.csv");
   EXPECT_NE(curves.find("adamw,1,6,"), std::string::npos);

@@ -241,14 +241,16 @@ def scenario_dtensor(pg, rank, world, out):
     mesh = init_device_mesh("cpu", (world,))
     full = make_dtensor_model()
     placements = [Shard(0), Shard(0), Replicate(), Shard(0), Shard(0)]
-    params = [torch.nn.Parameter(distribute_tensor(t, mesh, [pl])) for t, pl in zip(full, placements)]
+    params = [torch.nn.Parameter(distribute_tensor(t.clone(), mesh, [pl])) for t, pl in zip(full, placements)]
     opt = orthopt.Muon([{"params": params[:3]}, {"params": params[3:], "algorithm": "adamw", "lr": 3e-3}], lr=0.02)
     res = {}
     for t in range(STEPS):
         for p, g in zip(params, dtensor_grads(full, t, world)):
             p.grad = distribute_tensor(g, mesh, p.placements)
         opt.step()
-    res["final"] = [p.detach().full_tensor() for p in params]
+    # Copies: for Replicate, distribute_tensor broadcasts in place and full_tensor() returns the
+    # local tensor, so without them the CommDebugMode steps below would move the recorded result.
+    res["final"] = [p.detach().full_tensor().clone() for p in params]
     try:
         try:
             from torch.distributed.tensor.debug import CommDebugMode
@@ -258,7 +260,7 @@ def scenario_dtensor(pg, rank, world, out):
         return res
     counts = {}
     for name, idx in (("local", [0, 2, 3]), ("gather", [1])):
-        ps = [torch.nn.Parameter(distribute_tensor(full[k], mesh, [placements[k]])) for k in idx]
+        ps = [torch.nn.Parameter(distribute_tensor(full[k].clone(), mesh, [placements[k]])) for k in idx]
         o = orthopt.Muon([{"params": [p for p in ps if p.dim() > 1]},
                           {"params": [p for p in ps if p.dim() == 1], "algorithm": "adamw"}])
         for p in ps:
