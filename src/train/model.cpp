@@ -233,6 +233,15 @@ int64_t TransformerImpl::num_parameters() const {
   return n;
 }
 
+std::vector<at::Tensor> TransformerImpl::router_loads() {
+  std::vector<at::Tensor> loads;
+  for (const auto& block : *blocks) {
+    auto b = block->as<Block>();
+    if (b->moe) loads.push_back(b->moe->load);
+  }
+  return loads;
+}
+
 void TransformerImpl::update_router_biases(const at::Tensor& skip_factor) {
   for (const auto& block : *blocks) {
     auto b = block->as<Block>();

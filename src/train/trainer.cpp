@@ -175,8 +175,6 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     dist::DistOptions o;
     o.device = device;
     ctx = std::make_shared<dist::DistContext>(o);
-    TORCH_CHECK(mcfg.n_experts == 0, "distributed training (WORLD_SIZE/--nproc) does not support MoE yet: the "
-                "router-bias update uses per-rank load statistics");
   }
   const bool lead = !ctx || ctx->rank() == 0;
   const int64_t world = ctx ? ctx->world_size() : 1;
@@ -438,6 +436,10 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
         single->set_lr_scale(factor);
         single->step();
       }
+      // MoE: the global batch's expert loads (exact: integer counts in fp32), so the router
+      // biases, buffers that no optimizer touches, stay identical on every rank.
+      if (ctx)
+        for (at::Tensor& load : model->router_loads()) ctx->all_reduce_sum(load);
       model->update_router_biases(apply);
       sync_device(device);
       opt_seconds += seconds_since(t_opt);

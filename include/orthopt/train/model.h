@@ -123,6 +123,9 @@ class TransformerImpl : public torch::nn::Module {
   int64_t num_parameters() const;
   // Once per optimizer step (MoE only; no-op for the dense model).
   void update_router_biases(const at::Tensor& skip_factor);
+  // The MoE blocks' token-load counters (the buffers themselves; empty for the dense model). Data
+  // parallel training sums them over the ranks first, so every rank moves its biases alike.
+  std::vector<at::Tensor> router_loads();
   // Param groups for the optimizer: route_params on named_parameters() with the fused QKV
   // weights split into their q, k, v blocks (Muon, NorMuon) and the MoE routers given to the
   // scalar group.
