@@ -7,9 +7,11 @@
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +19,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <set>
 
@@ -56,6 +60,12 @@ std::string sha256_hex(const std::string& bytes) {
   return finish_hex(ctx.get());
 }
 
+namespace {
+std::atomic<int64_t> g_bytes_hashed{0};
+}  // namespace
+
+int64_t sha256_bytes_read() { return g_bytes_hashed.load(); }
+
 std::string sha256_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.is_open(), "sha256_file: cannot open '", path, "'");
@@ -65,6 +75,7 @@ std::string sha256_file(const std::string& path) {
     in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
     const std::streamsize got = in.gcount();
     if (got > 0) TORCH_CHECK(EVP_DigestUpdate(ctx.get(), chunk.data(), got) == 1, "sha256: update failed");
+    g_bytes_hashed += got;
   }
   TORCH_CHECK(in.eof(), "sha256_file: read error on '", path, "'");
   return finish_hex(ctx.get());
@@ -255,6 +266,79 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / fmt::format("step_{}", step)).string();
 }
 
+// ---------------------------------------------------------------- verified-checkpoint record
+// prune_checkpoints runs after every save and must know which checkpoints are valid; hashing all
+// of them each time costs keep_last full reads per save (GBs for a 124M model with its optimizer
+// state). So the process remembers each checkpoint it verified in full, with every file's
+// identity at that moment (size, mtime, ctime, inode); prune trusts a record whose identities are
+// unchanged and hashes everything else. A write to a file sets its ctime to the current time,
+// which user space cannot set back, but at the kernel's timestamp granularity (a clock tick,
+// seconds on some filesystems): so only files whose timestamps were already kSettledNs old when
+// verified are recorded, and any later write gives them a newer ctime. A checkpoint is therefore
+// hashed twice (when written, and by the first prune that finds it settled) instead of at every
+// save. Resuming (latest_valid_checkpoint, read_checkpoint_meta) always hashes.
+
+namespace {
+
+struct FileId {
+  int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+  uint64_t ino = 0, dev = 0;
+  bool operator==(const FileId& o) const {
+    return size == o.size && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns && ino == o.ino && dev == o.dev;
+  }
+};
+using DirIds = std::map<std::string, FileId>;  // file name (metadata.json included) -> identity
+
+constexpr int64_t kSettledNs = 2'000'000'000;  // coarser than any timestamp granularity in use
+
+std::mutex g_verified_mutex;
+std::map<std::string, DirIds> g_verified;  // checkpoint directory -> identities when found valid
+
+bool file_id(const fs::path& path, FileId* id) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  id->size = static_cast<int64_t>(st.st_size);
+  id->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  id->ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
+  id->ino = static_cast<uint64_t>(st.st_ino);
+  id->dev = static_cast<uint64_t>(st.st_dev);
+  return true;
+}
+
+void remember_valid(const std::string& ckpt_dir, const CheckpointMeta& meta) {
+  std::vector<std::string> names{kMetadataFile};
+  for (const auto& f : meta.files) names.push_back(f.first);
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+  DirIds ids;
+  for (const std::string& name : names) {
+    FileId& id = ids[name];
+    if (!file_id(fs::path(ckpt_dir) / name, &id)) return;                       // vanished
+    if (now_ns - std::max(id.mtime_ns, id.ctime_ns) < kSettledNs) return;     // not settled yet
+  }
+  std::lock_guard<std::mutex> lock(g_verified_mutex);
+  g_verified[ckpt_dir] = std::move(ids);
+}
+
+void forget(const std::string& ckpt_dir) {
+  std::lock_guard<std::mutex> lock(g_verified_mutex);
+  g_verified.erase(ckpt_dir);
+}
+
+bool unchanged_since_valid(const std::string& ckpt_dir) {
+  std::lock_guard<std::mutex> lock(g_verified_mutex);
+  const auto it = g_verified.find(ckpt_dir);
+  if (it == g_verified.end()) return false;
+  for (const auto& [name, id] : it->second) {
+    FileId now;
+    if (!file_id(fs::path(ckpt_dir) / name, &now) || !(now == id)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- write
 
 static void write_checkpoint_impl(const std::string& run_dir, int64_t step,
@@ -362,6 +446,7 @@ static CheckpointMeta verify_checkpoint_impl(const std::string& ckpt_dir) {
     TORCH_CHECK(sha == size_sha.second, "corrupted checkpoint '", ckpt_dir, "': file '", file,
                 "' has SHA-256 ", sha, ", metadata says ", size_sha.second);
   }
+  remember_valid(ckpt_dir, meta);
   return meta;
 }
 
@@ -390,7 +475,7 @@ static void prune_checkpoints_impl(const std::string& run_dir, int keep_last) {
   int kept = 0;
   for (const StepDir& d : list_step_dirs(run_dir)) {
     CheckpointMeta meta;
-    const std::string problem = checkpoint_problem(d.path, &meta);
+    const std::string problem = unchanged_since_valid(d.path) ? "" : checkpoint_problem(d.path, &meta);
     if (!problem.empty()) {
       std::cerr << "orthopt: warning: prune leaves invalid checkpoint alone: " << problem << "\n";
       continue;
@@ -403,6 +488,7 @@ static void prune_checkpoints_impl(const std::string& run_dir, int keep_last) {
     const std::string doomed = d.path + ".pruned.tmp";
     fs::remove_all(doomed);
     if (::rename(d.path.c_str(), doomed.c_str()) != 0) throw_errno("rename for pruning", d.path);
+    forget(d.path);
     fs::remove_all(doomed);
   }
   fsync_path(run_dir, /*directory=*/true);

@@ -399,6 +399,46 @@ TEST(Checkpoint, BadFileListsAndFailingWritersPublishNothing) {
   EXPECT_TRUE(tmp_entries(run).empty());
 }
 
+TEST(Checkpoint, PruneRereadsOnlyWhatItCannotTrust) {
+  TempDir tmp;
+  const std::string run = tmp.run_dir();
+  for (int64_t s = 1; s <= 3; ++s) write_step(run, s);
+  auto bytes_of = [&](int64_t s) {
+    int64_t n = 0;
+    for (const auto& e : fs::directory_iterator(checkpoint_dir(run, s)))
+      if (e.path().filename() != "metadata.json") n += static_cast<int64_t>(fs::file_size(e.path()));
+    return n;
+  };
+  // Fresh files are not trusted (a write within the same timestamp tick would not show): the
+  // first prune reads all three.
+  int64_t before = sha256_bytes_read();
+  prune_checkpoints(run, 10);
+  EXPECT_EQ(sha256_bytes_read() - before, bytes_of(1) + bytes_of(2) + bytes_of(3));
+  // Settled (timestamps >= 2 s old) and verified once more: remembered from then on.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  prune_checkpoints(run, 10);
+  before = sha256_bytes_read();
+  prune_checkpoints(run, 10);
+  EXPECT_EQ(sha256_bytes_read() - before, 0);
+  // A damaged file changes its ctime: that checkpoint is read again, found invalid and left
+  // alone; the newest valid one (step 2) is kept without reading it, step 1 goes.
+  flip_byte(checkpoint_dir(run, 3) + "/optimizer.pt", 5);
+  before = sha256_bytes_read();
+  testing::internal::CaptureStderr();
+  prune_checkpoints(run, 1);
+  const std::string warning = testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("step_3"), std::string::npos) << warning;
+  EXPECT_LE(sha256_bytes_read() - before, bytes_of(3));
+  EXPECT_GT(sha256_bytes_read() - before, 0);
+  EXPECT_TRUE(fs::exists(checkpoint_dir(run, 3)));
+  EXPECT_TRUE(fs::exists(checkpoint_dir(run, 2)));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(run, 1)));
+  // Resuming never trusts the record: it reads the checkpoint it returns.
+  before = sha256_bytes_read();
+  EXPECT_EQ(latest_valid_checkpoint(run), checkpoint_dir(run, 2));
+  EXPECT_GE(sha256_bytes_read() - before, bytes_of(2));
+}
+
 TEST(Checkpoint, PruneKeepsTheNewestValid) {
   TempDir tmp;
   const std::string run = tmp.run_dir();

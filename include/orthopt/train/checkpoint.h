@@ -19,6 +19,8 @@ namespace orthopt::train {
 // SHA-256 (OpenSSL libcrypto) as 64 lowercase hex digits.
 std::string sha256_hex(const std::string& bytes);
 std::string sha256_file(const std::string& path);  // streams the file; c10::Error if unreadable
+// Bytes sha256_file has read in this process (what checkpoint verification costs; tests use it).
+int64_t sha256_bytes_read();
 
 constexpr int kCheckpointFormatVersion = 1;
 
@@ -79,7 +81,9 @@ CheckpointMeta read_checkpoint_meta(const std::string& ckpt_dir,
 // Keeps the newest keep_last (>= 1) valid checkpoints and deletes older valid ones (each is first
 // renamed to a .tmp name, so a crash mid-delete never leaves a half checkpoint named step_<N>).
 // Invalid step_<N> directories are left alone (with a warning) for inspection. Never deletes the
-// newest valid checkpoint. Verifies every checkpoint fully (reads all files).
+// newest valid checkpoint. A checkpoint this process verified in full when its files were already
+// settled (timestamps >= 2 s old), whose files' size, mtime, ctime and inode have not changed
+// since, counts as valid without re-reading it; every other one is verified fully (reads all files).
 void prune_checkpoints(const std::string& run_dir, int keep_last);
 
 }  // namespace orthopt::train
