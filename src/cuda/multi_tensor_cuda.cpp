@@ -102,6 +102,14 @@ const double* lr_pointer(const at::Tensor& lr, const at::Device& device, const c
   return static_cast<const double*>(lr.data_ptr());
 }
 
+// The kernels write through raw pointers, which autograd does not see. Bump the written tensors'
+// version counters like an in-place ATen op does (a detached view shares its parameter's), so a
+// parameter saved for a backward that has not run yet is reported by autograd, not silently used.
+void bump_versions(const std::vector<at::Tensor>& written) {
+  for (const at::Tensor& t : written)
+    if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 bool multi_tensor_handles(const at::Tensor& t) {
@@ -160,6 +168,8 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
                                       cautious ? 1 : 0, keep_ptr, stream),
                  "orthopt_multi_update");
   }
+  bump_versions(weights);
+  bump_versions(param_copies);
 }
 
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
@@ -196,6 +206,8 @@ void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& 
                                      beta2, eps, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
                  "orthopt_multi_adamw");
   }
+  bump_versions(weights);
+  bump_versions(param_copies);
 }
 
 void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
@@ -224,6 +236,8 @@ void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& e
                                     beta1, beta2, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
                  "orthopt_multi_lion");
   }
+  bump_versions(weights);
+  bump_versions(param_copies);
 }
 
 }  // namespace orthopt::cuda
