@@ -42,3 +42,19 @@ def test_standard_ns_bf16_on_cuda_within_bf16_noise(shape):
     err = rel(out, ref)
     assert torch.isfinite(out).all()
     assert err <= 1.5 * noise + 1e-3, (err, noise)
+
+
+@pytest.mark.parametrize("algorithm", ["muon", "adamw", "lion"])
+def test_step_is_seen_by_autograd_as_an_inplace_update(algorithm):
+    """The fused kernels write through raw pointers; the step must still bump the parameters'
+    version counters, so a backward through a graph that saved a parameter before the step fails
+    loudly (as with torch.optim) instead of using the updated values."""
+    p = torch.randn(64, 96, device="cuda", requires_grad=True)
+    opt = orthopt.Muon([p], algorithm=algorithm, lr=0.01)
+    p.grad = torch.randn_like(p)
+    loss = (p * p).sum()  # saves p for backward
+    v0 = p._version
+    opt.step()
+    assert p._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
