@@ -126,6 +126,14 @@ void matrix_view(const ParamGroup& g, size_t i, int64_t& rows, int64_t& cols, in
   }
 }
 
+// The local optimizer's options for a group: its pieces are [n, m, k] stacks of matrices that
+// the layout has already flattened, so `flatten` (which would merge a stack into one matrix)
+// is off there.
+GroupOptions local_options(GroupOptions o) {
+  o.ortho.flatten = false;
+  return o;
+}
+
 // Splits [unit_begin, unit_begin + n) of a segment into runs at rank boundaries.
 void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t group, size_t param,
               int64_t unit_begin, int64_t n) {
@@ -311,7 +319,7 @@ std::unique_ptr<Optimizer> DistributedOptimizer::build_local() {
     if (local_group_of_[seg.group] < 0) {
       local_group_of_[seg.group] = static_cast<int>(local_groups.size());
       ParamGroup lg;
-      lg.options = group_options_[seg.group];
+      lg.options = local_options(group_options_[seg.group]);
       local_groups.push_back(lg);
     }
     auto& lg = local_groups[local_group_of_[seg.group]];
@@ -430,7 +438,9 @@ void DistributedOptimizer::set_group_options(size_t group, const GroupOptions& o
   TORCH_CHECK(group < groups_.size(), "set_group_options: group ", group, " out of range (", groups_.size(), ")");
   TORCH_CHECK(options.algorithm == group_options_[group].algorithm,
               "set_group_options: the algorithm of a distributed group cannot change");
-  if (local_ && local_group_of_[group] >= 0) local_->set_group_options(local_group_of_[group], options);
+  TORCH_CHECK(options.ortho.flatten == group_options_[group].ortho.flatten,
+              "set_group_options: option 'flatten' of a distributed group cannot change (the layout depends on it)");
+  if (local_ && local_group_of_[group] >= 0) local_->set_group_options(local_group_of_[group], local_options(options));
   group_options_[group] = options;
   groups_[group].options = options;
 }
