@@ -63,6 +63,13 @@ struct ParamGroup {
   GroupOptions options;
 };
 
+// Part of a parameter's initial Dion Q taken from another parameter (Optimizer::set_initial_q_sources).
+struct QSource {
+  size_t group = 0, index = 0;        // a parameter of the original (single-process) groups
+  std::vector<int64_t> matrix_sizes;  // its matrix view [..., m, n] (with `flatten`: [size0, prod(rest)])
+  int64_t begin = 0, end = 0;         // its matrices [begin, end), leading dims flattened
+};
+
 // How errors name a parameter: "parameter 'name' (group g)", or by index without a name.
 std::string param_label(const ParamGroup& g, size_t group, size_t index);
 
@@ -121,6 +128,15 @@ class Optimizer {
   // throws without changing anything on a mismatch; values are copied (cast to the state's
   // dtype, moved to the parameter's device).
   void load_param_states(const std::vector<std::vector<StateDict>>& states);
+
+  // Dion's Q starts random, drawn per (group, index) of this optimizer. A parameter that holds
+  // matrices of other parameters (a shard of the distributed layer) takes theirs instead: its
+  // initial Q becomes the concatenation over `sources` of matrices [begin, end) of the initial Q
+  // that a single-process Optimizer gives parameter (group, index) of the original groups, so
+  // the shards start exactly where the single process does. Used whenever the state is created
+  // (first step, or a step after loading an empty state); loaded state wins. Checked against
+  // the parameter (a Dion group, same m×n, matrix count); not saved (the caller sets it again).
+  void set_initial_q_sources(size_t group, size_t index, std::vector<QSource> sources);
 
  private:
   std::unique_ptr<OptimizerImpl> impl_;

@@ -353,6 +353,26 @@ class DistributedEngine:
         self.items = [it for g in sorted(by_group) for it in by_group[g]]
         self.local = _C.Optimizer(local_groups) if local_groups else None
         self.synced = [_cpp_options(g) for g in groups]
+        # Dion's Q starts random, seeded per parameter of the optimizer holding it: each piece
+        # declares the slice of the Q the single-process optimizer gives its parameter (same seed
+        # rule and draw, in C++), so N ranks start where one process does, also after loading a
+        # state dict without Q. Not done for DTensor shards that split a stack (left: own seed).
+        for it in self.items:
+            source = self._q_source(it) if groups[it.group]["algorithm"] == "dion" else None
+            if source is not None:
+                self.local.set_initial_q_sources(it.local_group, it.local_index, [source])
+
+    def _q_source(self, it):
+        """(group, index, matrix sizes, begin, end): which matrices of its parameter's Q a piece holds."""
+        p = self._params(it.group, it.param)
+        shape = list(p.shape)  # a DTensor's global shape
+        msz = [shape[0], math.prod(shape[1:])] if self.opt.param_groups[it.group].get("flatten") and len(shape) >= 3 \
+            else shape
+        if it.kind == "matrix":
+            return it.group, it.param, msz, it.offset, it.offset + 1
+        if it.kind == "local" and not all(pl.is_replicate() for pl in p.placements):
+            return None
+        return it.group, it.param, msz, 0, math.prod(msz[:-2])  # the whole parameter
 
     # -- copies between the params and the flat buffers
 

@@ -120,6 +120,16 @@ void register_optim(py::module_& m) {
              o.load_param_states(states);
            },
            py::arg("states"))
+      .def(
+          "set_initial_q_sources",
+          [](orthopt::Optimizer& o, size_t g, size_t i,
+             const std::vector<std::tuple<size_t, size_t, std::vector<int64_t>, int64_t, int64_t>>& sources) {
+            std::vector<orthopt::QSource> v;
+            for (const auto& [sg, si, sizes, b, e] : sources) v.push_back({sg, si, sizes, b, e});
+            o.set_initial_q_sources(g, i, std::move(v));
+          },
+          py::arg("group"), py::arg("index"), py::arg("sources"),
+          "sources: [(group, index, matrix_sizes, begin, end)] of the original groups (include/orthopt/optim.h)")
       .def("set_lr_scale", &orthopt::Optimizer::set_lr_scale, py::arg("factor"))
       .def("set_skip_factor", &orthopt::Optimizer::set_skip_factor, py::arg("factor"))
       .def_property_readonly("lr_scale", &orthopt::Optimizer::lr_scale)

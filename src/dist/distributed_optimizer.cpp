@@ -102,8 +102,15 @@ struct Segment {  // one bank or one scalar vector
   int64_t owned_end(int r) const { return std::min(units, (block_of(r) + 1) * per_rank); }
 };
 
+// Units [first_unit, first_unit + count) of a segment come from parameter `param` of its group.
+struct Member {
+  size_t seg, param;
+  int64_t first_unit, count;
+};
+
 struct DistributedOptimizer::Layout {
   std::vector<Segment> segments;
+  std::vector<Member> members;  // in segment order of units
   std::vector<Run> runs;
   int64_t chunk = 0;
 };
@@ -126,6 +133,14 @@ void matrix_view(const ParamGroup& g, size_t i, int64_t& rows, int64_t& cols, in
   }
 }
 
+// The local optimizer's options for a group: its pieces are [n, m, k] stacks of matrices that
+// the layout has already flattened, so `flatten` (which would merge a stack into one matrix)
+// is off there.
+GroupOptions local_options(GroupOptions o) {
+  o.ortho.flatten = false;
+  return o;
+}
+
 // Splits [unit_begin, unit_begin + n) of a segment into runs at rank boundaries.
 void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t group, size_t param,
               int64_t unit_begin, int64_t n) {
@@ -145,8 +160,7 @@ void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t 
 // Segments, the block rotation of each, and the copy runs of every parameter (the layout
 // described at the top of this file). Depends only on shapes, options and N.
 void build_layout(DistributedOptimizer::Layout& L, const std::vector<ParamGroup>& groups, int N) {
-  struct Member { size_t seg; size_t param; int64_t first_unit, count; };
-  std::vector<Member> members;
+  auto& members = L.members;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& grp = groups[g];
     if (grp.params.empty()) continue;
@@ -311,7 +325,7 @@ std::unique_ptr<Optimizer> DistributedOptimizer::build_local() {
     if (local_group_of_[seg.group] < 0) {
       local_group_of_[seg.group] = static_cast<int>(local_groups.size());
       ParamGroup lg;
-      lg.options = group_options_[seg.group];
+      lg.options = local_options(group_options_[seg.group]);
       local_groups.push_back(lg);
     }
     auto& lg = local_groups[local_group_of_[seg.group]];
@@ -324,6 +338,26 @@ std::unique_ptr<Optimizer> DistributedOptimizer::build_local() {
   if (local_groups.empty()) return nullptr;
   auto opt = std::make_unique<Optimizer>(std::move(local_groups));
   opt->set_lr_scale(lr_scale_);
+  // Dion's Q starts random, seeded per parameter of the optimizer that holds it. A piece's Q is
+  // therefore declared as the slices of the Q the single-process optimizer gives each model
+  // parameter it holds matrices of (same seed rule, same draw), so N ranks start exactly where
+  // one process does, also after re-sharding or loading a checkpoint without state.
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const auto& piece = pieces_[k];
+    if (piece.local_index < 0 || group_options_[piece.group].algorithm != Algorithm::Dion) continue;
+    std::vector<QSource> sources;
+    for (const auto& m : layout_->members) {
+      const int64_t b = std::max(piece.begin, m.first_unit), e = std::min(piece.end, m.first_unit + m.count);
+      if (m.seg != k || b >= e) continue;
+      const auto& grp = groups_[piece.group];
+      int64_t rows, cols, count;
+      matrix_view(grp, m.param, rows, cols, count);
+      std::vector<int64_t> msz = grp.params[m.param].sizes().vec();
+      if (grp.options.ortho.flatten && msz.size() >= 3) msz = {rows, cols};  // as the single process sees it
+      sources.push_back({piece.group, m.param, msz, b - m.first_unit, e - m.first_unit});
+    }
+    opt->set_initial_q_sources(local_group_of_[piece.group], piece.local_index, std::move(sources));
+  }
   return opt;
 }
 
@@ -430,7 +464,9 @@ void DistributedOptimizer::set_group_options(size_t group, const GroupOptions& o
   TORCH_CHECK(group < groups_.size(), "set_group_options: group ", group, " out of range (", groups_.size(), ")");
   TORCH_CHECK(options.algorithm == group_options_[group].algorithm,
               "set_group_options: the algorithm of a distributed group cannot change");
-  if (local_ && local_group_of_[group] >= 0) local_->set_group_options(local_group_of_[group], options);
+  TORCH_CHECK(options.ortho.flatten == group_options_[group].ortho.flatten,
+              "set_group_options: option 'flatten' of a distributed group cannot change (the layout depends on it)");
+  if (local_ && local_group_of_[group] >= 0) local_->set_group_options(local_group_of_[group], local_options(options));
   group_options_[group] = options;
   groups_[group].options = options;
 }

@@ -233,6 +233,41 @@ bool same_structure(const GroupOptions& a, const GroupOptions& b) {
          x.split_sizes == y.split_sizes && x.flatten == y.flatten;
 }
 
+// Dion's random initial Q of parameter i of group g ([..., n, r] fp32, CPU). The distributed
+// layers rely on this rule (through set_initial_q_sources) to start from the same Q.
+at::Tensor random_q(size_t g, size_t i, at::IntArrayRef sizes) {
+  auto gen = at::detail::createCPUGenerator(0x6f72746f + 1000003ULL * g + i);
+  return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+int64_t leading_count(const std::vector<int64_t>& msz) {
+  int64_t n = 1;
+  for (size_t d = 0; d + 2 < msz.size(); ++d) n *= msz[d];
+  return n;
+}
+
+// Whether `sources` can make the initial Q of parameter i of group g (see optim.h).
+void check_q_sources(const ParamGroup& grp, size_t g, size_t i, const std::vector<QSource>& sources) {
+  const std::string label = param_label(grp, g, i);
+  TORCH_CHECK(grp.options.algorithm == Algorithm::Dion, label, ": initial Q sources need a 'dion' group, this one is '",
+              to_string(grp.options.algorithm), "'");
+  const auto msz = matrix_sizes(grp.params[i], grp.options);
+  const int64_t m = msz[msz.size() - 2], n = msz.back();
+  int64_t total = 0;
+  for (const auto& s : sources) {
+    const auto& ss = s.matrix_sizes;
+    TORCH_CHECK(ss.size() >= 2 && ss[ss.size() - 2] == m && ss.back() == n, label, ": initial Q source (group ",
+                s.group, ", param ", s.index, ") has matrix shape ", at::IntArrayRef(ss), ", the parameter's matrices are ",
+                m, "x", n);
+    TORCH_CHECK(s.begin >= 0 && s.begin < s.end && s.end <= leading_count(ss), label, ": initial Q source (group ",
+                s.group, ", param ", s.index, ") range [", s.begin, ", ", s.end, ") is outside its ",
+                leading_count(ss), " matrices");
+    total += s.end - s.begin;
+  }
+  TORCH_CHECK(total == leading_count(msz), label, ": initial Q sources cover ", total, " matrices, the parameter has ",
+              leading_count(msz));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- implementation
@@ -241,6 +276,14 @@ class OptimizerImpl {
  public:
   std::vector<ParamGroup> groups;
   std::vector<std::vector<StateDict>> state;  // [group][param]
+  std::vector<std::vector<std::vector<QSource>>> q_sources;  // [group][param]; empty: own seed
+  // The last source Q drawn during a step: the Python layer has one piece per matrix of a stack,
+  // which would otherwise each draw the whole stack's Q again.
+  struct {
+    size_t g = 0, i = 0;
+    std::vector<int64_t> sizes;
+    at::Tensor q;
+  } q_cache;
   at::Tensor lr_scale, skip_factor, steps;    // 0-d on the device; steps counts taken steps
   bool skip_active = false;                   // set_skip_factor was called at least once
   at::Tensor keep;                            // skip_factor != 0, valid during step()
@@ -264,6 +307,7 @@ class OptimizerImpl {
                     "; one optimizer handles one device");
       }
       state.emplace_back(grp.params.size());
+      q_sources.emplace_back(grp.params.size());
     }
     auto opts = at::TensorOptions().dtype(at::kFloat).device(device.value_or(at::Device(at::kCPU)));
     lr_scale = at::ones({}, opts);
@@ -290,13 +334,34 @@ class OptimizerImpl {
         st[spec.name] = p.detach().to(at::kFloat).clone();
       } else if (spec.name == "Q") {
         // Dion's right factor starts random; seeded per (group, param) so runs repeat.
-        auto gen = at::detail::createCPUGenerator(0x6f72746f + 1000003ULL * g + i);
-        st[spec.name] = at::randn(spec.sizes, gen, at::TensorOptions().dtype(at::kFloat)).to(p.device());
+        st[spec.name] = initial_q(g, i, spec.sizes).to(p.device());
       } else {
         st[spec.name] = at::zeros(spec.sizes, opts);
       }
     }
     return st;
+  }
+
+  // Q [..., n, r]: drawn from the param's own seed, or assembled from its sources (optim.h).
+  at::Tensor initial_q(size_t g, size_t i, const std::vector<int64_t>& sizes) {
+    const auto& sources = q_sources[g][i];
+    if (sources.empty()) return random_q(g, i, sizes);
+    check_q_sources(groups[g], g, i, sources);  // options (flatten) may have changed since
+    const int64_t n = sizes[sizes.size() - 2], r = sizes.back();
+    std::vector<at::Tensor> parts;
+    for (const auto& s : sources) {
+      auto full = s.matrix_sizes;  // the source's whole Q: same n and r (same m×n, same group options)
+      full[full.size() - 2] = n;
+      full.back() = r;
+      if (!(q_cache.q.defined() && q_cache.g == s.group && q_cache.i == s.index && q_cache.sizes == full)) {
+        q_cache.q = random_q(s.group, s.index, full);
+        q_cache.g = s.group;
+        q_cache.i = s.index;
+        q_cache.sizes = full;
+      }
+      parts.push_back(q_cache.q.reshape({-1, n, r}).narrow(0, s.begin, s.end - s.begin));
+    }
+    return at::cat(parts, 0).reshape(sizes);  // cat copies: no view of the cached tensor
   }
 
   // Indices of the group's params that have a gradient (validated).
@@ -624,6 +689,7 @@ class OptimizerImpl {
 
   void step() {
     at::NoGradGuard no_grad;
+    q_cache.q.reset();
     if (skip_active) keep = skip_factor != 0;
     // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
     const at::Tensor scale = lr_scale.to(at::kDouble);
@@ -642,6 +708,7 @@ class OptimizerImpl {
       steps.add_(keep.to(at::kLong));
     else
       steps.add_(1);
+    q_cache.q.reset();
   }
 
   // Checks `states` against the groups (names and shapes) and returns them ready to install
@@ -771,6 +838,13 @@ void Optimizer::load_param_states(const std::vector<std::vector<StateDict>>& sta
       auto it = impl_->state[g][i].find("master");
       if (it != impl_->state[g][i].end()) impl_->groups[g].params[i].detach().copy_(it->second);
     }
+}
+
+void Optimizer::set_initial_q_sources(size_t group, size_t index, std::vector<QSource> sources) {
+  TORCH_CHECK(group < impl_->groups.size() && index < impl_->groups[group].params.size(),
+              "argument 'group'/'index': (", group, ", ", index, ") out of range");
+  if (!sources.empty()) check_q_sources(impl_->groups[group], group, index, sources);
+  impl_->q_sources[group][index] = std::move(sources);
 }
 
 // ---------------------------------------------------------------- serialization

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include <chrono>
@@ -67,12 +68,45 @@ std::vector<ParamGroup> make_groups(uint64_t seed) {
   return {muon, dion3, adamw};
 }
 
+// The Dion test model, fp64 (Dion's own math is fp32; fp64 keeps the storage exact):
+//   group 0 Dion: 3×[16,40], a [3,16,40] stack and a [2,2,16,40] stack (a bank of 10 [16,40]
+//     matrices: the 3-stack straddles ranks at N = 2 and 3, the 4-D one at N = 3), 2×[40,16]
+//     (tall; an empty shard at N = 3), one [24,24] (a bank of 1).
+//   group 1 Dion with flatten, rank_fraction 0.5: [8,4,6] (one [8,24] matrix) and [8,24] (a bank
+//     of 2), [4,3,2,4] (one [4,24]).
+//   group 2 Muon with flatten: [8,4,6] and [6,2,2,6] (the banks must not be flattened again).
+std::vector<ParamGroup> make_dion_groups(uint64_t seed) {
+  auto g = gen(seed);
+  auto make = [&](std::vector<int64_t> shape) { return at::randn(shape, g, at::kDouble).mul_(0.5); };
+  ParamGroup dion, dion_flat, muon_flat;
+  dion.options.algorithm = Algorithm::Dion;
+  dion.options.lr = 0.02;
+  for (int i = 0; i < 3; ++i) dion.params.push_back(make({16, 40}));
+  dion.params.push_back(make({3, 16, 40}));
+  dion.params.push_back(make({2, 2, 16, 40}));
+  dion.params.push_back(make({40, 16}));
+  dion.params.push_back(make({40, 16}));
+  dion.params.push_back(make({24, 24}));
+  dion_flat.options = dion.options;
+  dion_flat.options.ortho.flatten = true;
+  dion_flat.options.rank_fraction = 0.5;
+  dion_flat.params = {make({8, 4, 6}), make({8, 24}), make({4, 3, 2, 4})};
+  muon_flat.options.algorithm = Algorithm::Muon;
+  muon_flat.options.lr = 0.02;
+  muon_flat.options.ortho.flatten = true;
+  muon_flat.params = {make({8, 4, 6}), make({6, 2, 2, 6})};
+  return {dion, dion_flat, muon_flat};
+}
+
+using Model = std::vector<ParamGroup> (*)(uint64_t);
+Model model_from_env() { return env("ORTHOPT_DIST_MODEL") == "dion" ? make_dion_groups : make_groups; }
+
 // The local gradient of `rank` at `step`: multiples of 1/256 in [-1/4, 1/4), so sums over up
 // to 3 ranks are exact in fp32 and the averaged global gradient is bit-identical however the
 // collective orders its additions.
 at::Tensor local_grad(const at::Tensor& p, int64_t step, int64_t rank, int64_t index) {
   auto g = gen(100000 + 1000 * step + 37 * rank + index);
-  return at::randint(-64, 64, p.sizes(), g, at::kFloat).div_(256);
+  return at::randint(-64, 64, p.sizes(), g, at::kFloat).div_(256).to(p.scalar_type());
 }
 
 std::vector<at::Tensor> all_params(const std::vector<ParamGroup>& groups) {
@@ -88,10 +122,29 @@ void set_local_grads(const std::vector<ParamGroup>& groups, int64_t step, int64_
     for (auto p : g.params) p.mutable_grad() = local_grad(p, step, rank, i++);
 }
 
+// Per group, per param: the state entry `name` (undefined where there is none).
+std::vector<std::vector<at::Tensor>> state_entries(const Optimizer& opt, const std::string& name) {
+  std::vector<std::vector<at::Tensor>> out(opt.param_groups().size());
+  for (size_t g = 0; g < out.size(); ++g)
+    for (size_t i = 0; i < opt.param_groups()[g].params.size(); ++i) {
+      const auto& st = opt.param_state(g, i);
+      out[g].push_back(st.count(name) ? st.at(name).clone() : at::Tensor());
+    }
+  return out;
+}
+
 // The 1-process run on the global batch: gradient = mean of the ranks' local gradients.
-std::vector<at::Tensor> reference_run(int world, int64_t steps, int64_t* state_bytes = nullptr) {
-  auto groups = make_groups(7);
+// `q`: Dion's Q per group and param at the end (with steps = 0: the initial Q, made by a
+// skipped step, which creates the state and changes nothing).
+std::vector<at::Tensor> reference_run(int world, int64_t steps, int64_t* state_bytes = nullptr, Model model = make_groups,
+                                      std::vector<std::vector<at::Tensor>>* q = nullptr) {
+  auto groups = model(7);
   Optimizer opt(groups);
+  if (steps == 0) {
+    opt.set_skip_factor(at::zeros({}));
+    set_local_grads(groups, 0, 0);
+    opt.step();
+  }
   for (int64_t s = 0; s < steps; ++s) {
     int64_t i = 0;
     for (const auto& g : groups)
@@ -104,6 +157,7 @@ std::vector<at::Tensor> reference_run(int world, int64_t steps, int64_t* state_b
     opt.step();
   }
   if (state_bytes) *state_bytes = opt.state_bytes();
+  if (q) *q = state_entries(opt, "Q");
   return all_params(groups);
 }
 
@@ -204,6 +258,61 @@ int64_t expected_state_bytes(const dist::DistributedOptimizer& opt) {
   return b;
 }
 
+// Compares the Q of every Dion piece in the shard files of `dir` (written by `world` ranks) with
+// the single-process Q `want` (per group and param) sliced like the layout: the matrices of a
+// bank in parameter order, [begin, end) of them. `tol` 0: bit for bit. Returns the number of
+// matrices compared (the parent checks that every Dion matrix was).
+int64_t compare_piece_q(const std::string& dir, int world, const std::vector<ParamGroup>& groups,
+                        const std::vector<std::vector<at::Tensor>>& want, double tol, const std::string& what) {
+  int64_t matrices = 0;
+  for (int r = 0; r < world; ++r) {
+    const auto meta = nlohmann::json::parse(read_text(dir + "/optim_shard_" + std::to_string(r) + ".json"));
+    torch::serialize::InputArchive ar;
+    ar.load_from(dir + "/optim_shard_" + std::to_string(r) + ".pt");
+    for (const auto& piece : meta.at("pieces")) {
+      const size_t k = piece.at("segment").get<size_t>();
+      const auto& seg = meta.at("segments").at(k);
+      const size_t g = seg.at("group").get<size_t>();
+      const int64_t begin = piece.at("begin").get<int64_t>(), end = piece.at("end").get<int64_t>();
+      if (groups[g].options.algorithm != Algorithm::Dion || end <= begin) continue;
+      const int64_t rows = seg.at("rows").get<int64_t>(), cols = seg.at("cols").get<int64_t>();
+      std::vector<at::Tensor> bank;
+      for (size_t i = 0; i < groups[g].params.size(); ++i) {
+        const auto& p = groups[g].params[i];
+        const bool flat = groups[g].options.ortho.flatten && p.dim() >= 3;
+        if ((flat ? p.size(0) : p.size(-2)) != rows || (flat ? p.numel() / p.size(0) : p.size(-1)) != cols) continue;
+        bank.push_back(want[g][i].reshape({-1, want[g][i].size(-2), want[g][i].size(-1)}));
+      }
+      const at::Tensor expected = at::cat(bank, 0).narrow(0, begin, end - begin);
+      at::Tensor got;
+      ar.read("piece" + std::to_string(k) + "_Q", got, true);
+      const std::string where = what + ": rank " + std::to_string(r) + " group " + std::to_string(g) + " bank " +
+                                std::to_string(rows) + "x" + std::to_string(cols) + " [" + std::to_string(begin) +
+                                ":" + std::to_string(end) + ")";
+      EXPECT_EQ(got.sizes(), expected.sizes()) << where;
+      if (got.sizes() != expected.sizes()) continue;
+      if (tol == 0) {
+        EXPECT_TRUE(at::equal(got, expected)) << where << ": max difference "
+                                              << (got - expected).abs().max().item<double>();
+      } else {
+        const double rel = (got.to(at::kDouble) - expected.to(at::kDouble)).norm().item<double>() /
+                           expected.to(at::kDouble).norm().item<double>();
+        EXPECT_LE(rel, tol) << where;
+      }
+      matrices += end - begin;
+    }
+  }
+  return matrices;
+}
+
+int64_t dion_matrices(const std::vector<ParamGroup>& groups) {
+  int64_t n = 0;
+  for (const auto& g : groups)
+    for (const auto& p : g.params)
+      if (g.options.algorithm == Algorithm::Dion) n += g.options.ortho.flatten && p.dim() >= 3 ? 1 : p.numel() / (p.size(-2) * p.size(-1));
+  return n;
+}
+
 // ---------------------------------------------------------------- worker side
 
 void write_params(const std::vector<ParamGroup>& groups, const std::string& path) {
@@ -258,28 +367,46 @@ void run_worker(const std::string& scenario, const std::string& out) {
     }
     EXPECT_THROW(opt.apply_update(), c10::Error);  // without a reduce_gradients() first
     write_params(groups, out + "/params_" + tag + ".pt");
-  } else if (scenario == "save") {  // 2 steps, then a sharded checkpoint with the model
-    auto groups = make_groups(7);
+  } else if (scenario == "dion") {
+    {  // The initial Q of every piece: a skipped step creates the state and changes nothing.
+      auto groups = make_dion_groups(7);
+      dist::DistributedOptimizer opt(groups, ctx);
+      opt.set_skip_factor(at::zeros({}));
+      set_local_grads(groups, 0, rank);
+      opt.step();
+      opt.save_shard(out + "/q0");
+    }
+    auto groups = make_dion_groups(rank == 0 ? 7 : 7 + rank);
     dist::DistributedOptimizer opt(groups, ctx);
-    for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t s = 0; s < 3; ++s) {
+      set_local_grads(groups, s, rank);
+      opt.step();
+      if (s == 0) write_params(groups, out + "/step1_" + tag + ".pt");
+    }
+    write_params(groups, out + "/params_" + tag + ".pt");
+  } else if (scenario == "save") {  // ORTHOPT_DIST_SAVE_STEPS (2) steps, then a sharded checkpoint with the model
+    auto groups = model_from_env()(7);
+    dist::DistributedOptimizer opt(groups, ctx);
+    for (int64_t s = 0; s < std::stoi(env("ORTHOPT_DIST_SAVE_STEPS", "2")); ++s) {
       set_local_grads(groups, s, rank);
       opt.step();
     }
     dist::save_sharded_checkpoint(opt, out + "/ckpt", [&](const std::string& tmp) {
       write_params(groups, tmp + "/model.pt");
     });
-  } else if (scenario == "resume") {  // load at this world size, 2 more steps
-    auto groups = make_groups(99);  // overwritten by the checkpoint's model
+  } else if (scenario == "resume") {  // load at this world size, continue up to 4 steps
+    auto groups = model_from_env()(99);  // overwritten by the checkpoint's model
     const std::string ckpt = env("ORTHOPT_DIST_CKPT");
     auto model = load_tensors(ckpt + "/model.pt");
     auto params = all_params(groups);
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(model[i]);
     dist::DistributedOptimizer opt(groups, ctx);
     opt.load_shards(ckpt);
+    if (!env("ORTHOPT_DIST_LOADED").empty()) opt.save_shard(env("ORTHOPT_DIST_LOADED"));  // the re-sharded state
     // The reference's ranks 0 and 1 produced the gradients; with another world size the
     // global batch is kept the same by giving each rank of the resumed run the same
     // 2-rank average (data parallelism averages, so equal local gradients average to it).
-    for (int64_t s = 2; s < 4; ++s) {
+    for (int64_t s = std::stoi(env("ORTHOPT_DIST_FROM", "2")); s < 4; ++s) {
       int64_t i = 0;
       for (const auto& g : groups)
         for (auto p : g.params) {
@@ -435,6 +562,72 @@ TEST(DistCheckpoint, SaveAt2ResumeAt1And2And3) {
       EXPECT_EQ(read_text(res + "/steps_" + std::to_string(k) + ".txt"), "4\n");
     }
   }
+}
+
+// Dion: every piece's initial Q is exactly its slice of the single-process Q, and N ranks then
+// follow the single process (N = 1 too: the local optimizer's params are bank pieces, not the
+// model's). A flatten Muon group rides along (the local optimizer must not re-flatten banks).
+class DistDion : public testing::TestWithParam<int> {};
+
+TEST_P(DistDion, InitialQAndStepsEqualSingleProcess) {
+  REQUIRE_GLOO();
+  const int world = GetParam();
+  const std::string out = fresh_dir("dion" + std::to_string(world));
+  fs::create_directories(out + "/q0");
+  auto l = launch(world, "dion", out);
+  ASSERT_EQ(l.rc, 0) << l.err;
+  const auto groups = make_dion_groups(7);
+  std::vector<std::vector<at::Tensor>> q0;
+  reference_run(world, 0, nullptr, make_dion_groups, &q0);
+  EXPECT_EQ(compare_piece_q(out + "/q0", world, groups, q0, 0.0, "initial Q"), dion_matrices(groups));
+  const auto step1 = reference_run(world, 1, nullptr, make_dion_groups);
+  const auto step3 = reference_run(world, 3, nullptr, make_dion_groups);
+  for (int r = 0; r < world; ++r) {
+    const std::string tag = std::to_string(r);
+    expect_close(load_tensors(out + "/step1_" + tag + ".pt"), step1, "dion N=" + std::to_string(world) + " 1 step, rank " + tag);
+    expect_close(load_tensors(out + "/params_" + tag + ".pt"), step3, "dion N=" + std::to_string(world) + " 3 steps, rank " + tag);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, DistDion, testing::Values(1, 2, 3));
+
+// Dion checkpoints: saved at N=2 after 2 steps, resumed at N = 1, 2, 3: the re-sharded Q is the
+// single-process Q and the runs continue like it. A checkpoint saved before the first step (no
+// state) at N=3 and resumed at N=2 starts from the single-process Q.
+TEST(DistCheckpoint, DionResumeReshardsQ) {
+  REQUIRE_GLOO();
+  const std::string out = fresh_dir("dion_ckpt");
+  const std::pair<std::string, std::string> model{"ORTHOPT_DIST_MODEL", "dion"};
+  auto s = launch(2, "save", out, {model});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  const auto groups = make_dion_groups(7);
+  std::vector<std::vector<at::Tensor>> q2;
+  reference_run(2, 2, nullptr, make_dion_groups, &q2);
+  const auto want = reference_run(2, 4, nullptr, make_dion_groups);
+  for (int world : {1, 2, 3}) {
+    const std::string res = out + "/resume" + std::to_string(world);
+    fs::create_directories(res + "/loaded");
+    auto r = launch(world, "resume", res,
+                    {model, {"ORTHOPT_DIST_CKPT", out + "/ckpt"}, {"ORTHOPT_DIST_LOADED", res + "/loaded"}});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    // After 2 steps both sides hold Q computed in fp32 (batched per bank vs per parameter).
+    EXPECT_EQ(compare_piece_q(res + "/loaded", world, groups, q2, 1e-6, "re-sharded Q at N=" + std::to_string(world)),
+              dion_matrices(groups));
+    for (int k = 0; k < world; ++k)
+      expect_close(load_tensors(res + "/params_" + std::to_string(k) + ".pt"), want,
+                   "dion resumed at N=" + std::to_string(world) + " rank " + std::to_string(k));
+  }
+  const std::string early = out + "/early";
+  fs::create_directories(early);
+  auto s0 = launch(3, "save", early, {model, {"ORTHOPT_DIST_SAVE_STEPS", "0"}});
+  ASSERT_EQ(s0.rc, 0) << s0.err;
+  const std::string res = early + "/resume2";
+  fs::create_directories(res);
+  auto r = launch(2, "resume", res, {model, {"ORTHOPT_DIST_CKPT", early + "/ckpt"}, {"ORTHOPT_DIST_FROM", "0"}});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (int k = 0; k < 2; ++k)
+    expect_close(load_tensors(res + "/params_" + std::to_string(k) + ".pt"), want,
+                 "dion from a stateless checkpoint, rank " + std::to_string(k));
 }
 
 TEST(DistFaults, KilledRankEndsTheJobWithinTheTimeout) {

@@ -212,6 +212,86 @@ TEST(OptimState, StateBytesCountsState) {
 
 // ---------------------------------------------------------------- routing
 
+// Dion's initial Q: the single-process rule (checkpoints and runs depend on it: it must not
+// change), and a parameter assembled from matrices of others taking their Q
+// (set_initial_q_sources, what the distributed layers use).
+namespace {
+at::Tensor seeded_q(size_t g, size_t i, at::IntArrayRef sizes) {
+  auto gen = at::detail::createCPUGenerator(0x6f72746f + 1000003ULL * g + i);
+  return randn(sizes, gen);
+}
+
+// A skipped step creates the state without changing it.
+void create_state(Optimizer& opt) {
+  for (const auto& g : opt.param_groups())
+    for (auto p : g.params) p.mutable_grad() = at::ones_like(p);
+  opt.set_skip_factor(at::zeros({}));
+  opt.step();
+  opt.set_skip_factor(at::ones({}));
+}
+}  // namespace
+
+TEST(OptimDionQ, SingleProcessSeedRule) {
+  auto o = with(Algorithm::Dion);
+  auto flat = o;
+  flat.ortho.flatten = true;
+  flat.rank_fraction = 0.5;
+  std::vector<ParamGroup> groups(2);
+  groups[0].options = with(Algorithm::Muon);
+  groups[0].params = {at::randn({8, 8})};
+  groups[1].options = o;
+  groups[1].params = {at::randn({16, 40}), at::randn({40, 16}), at::randn({3, 16, 40})};
+  ParamGroup fg;
+  fg.options = flat;
+  fg.params = {at::randn({8, 4, 6})};
+  groups.push_back(fg);
+  Optimizer opt(groups);
+  create_state(opt);
+  EXPECT_TRUE(at::equal(opt.param_state(1, 0).at("Q"), seeded_q(1, 0, {40, 4})));
+  EXPECT_TRUE(at::equal(opt.param_state(1, 1).at("Q"), seeded_q(1, 1, {16, 4})));
+  EXPECT_TRUE(at::equal(opt.param_state(1, 2).at("Q"), seeded_q(1, 2, {3, 40, 4})));
+  EXPECT_TRUE(at::equal(opt.param_state(2, 0).at("Q"), seeded_q(2, 0, {24, 4})));  // [8, 24], r = 4
+}
+
+TEST(OptimDionQ, SourcesAssembleOtherParametersQ) {
+  // A [4, 16, 40] piece holding matrix 2 of a [3,16,40] stack (param 3 of group 1), a whole
+  // [16,40] (param 0 of group 1) and matrices 0..1 of a [2,2,16,40] stack (param 5 of group 1).
+  ParamGroup piece;
+  piece.options = with(Algorithm::Dion);
+  piece.params = {at::randn({4, 16, 40}), at::randn({16, 40})};
+  Optimizer opt({piece});
+  opt.set_initial_q_sources(0, 0, {{1, 3, {3, 16, 40}, 2, 3}, {1, 0, {16, 40}, 0, 1}, {1, 5, {2, 2, 16, 40}, 0, 2}});
+  opt.set_initial_q_sources(0, 1, {{1, 0, {16, 40}, 0, 1}});
+  create_state(opt);
+  const at::Tensor want = at::cat({seeded_q(1, 3, {3, 40, 4}).narrow(0, 2, 1), seeded_q(1, 0, {40, 4}).unsqueeze(0),
+                                   seeded_q(1, 5, {2, 2, 40, 4}).reshape({4, 40, 4}).narrow(0, 0, 2)});
+  EXPECT_TRUE(at::equal(opt.param_state(0, 0).at("Q"), want));
+  EXPECT_TRUE(at::equal(opt.param_state(0, 1).at("Q"), seeded_q(1, 0, {40, 4})));
+
+  // Loaded state wins; a loaded empty state makes the next step start from the sources again.
+  auto states = std::vector<std::vector<Optimizer::StateDict>>{{opt.param_state(0, 0), {}}};
+  for (auto& [name, t] : states[0][0]) t = t.clone().fill_(0.5);
+  opt.load_param_states(states);
+  EXPECT_TRUE(opt.param_state(0, 1).empty());
+  create_state(opt);
+  EXPECT_TRUE(at::equal(opt.param_state(0, 0).at("Q"), at::full({4, 40, 4}, 0.5)));
+  EXPECT_TRUE(at::equal(opt.param_state(0, 1).at("Q"), seeded_q(1, 0, {40, 4})));
+
+  auto throws = [&](size_t i, std::vector<orthopt::QSource> src, const std::string& needle) {
+    try {
+      opt.set_initial_q_sources(0, i, src);
+      ADD_FAILURE() << "expected an error containing '" << needle << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  throws(1, {{1, 0, {40, 16}, 0, 1}}, "has matrix shape [40, 16], the parameter's matrices are 16x40");
+  throws(1, {{1, 3, {3, 16, 40}, 2, 4}}, "range [2, 4) is outside its 3 matrices");
+  throws(0, {{1, 3, {3, 16, 40}, 0, 3}}, "cover 3 matrices, the parameter has 4");
+  Optimizer muon({ParamGroup{{at::randn({16, 40})}, {}, with(Algorithm::Muon)}});
+  EXPECT_THROW(muon.set_initial_q_sources(0, 0, {{0, 0, {16, 40}, 0, 1}}), c10::Error);
+}
+
 TEST(OptimRouting, DefaultRulesOnSmallModel) {
   auto p = [](std::vector<int64_t> s, bool grad = true) { return at::randn(s).requires_grad_(grad); };
   std::vector<std::pair<std::string, at::Tensor>> named = {

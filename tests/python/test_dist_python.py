@@ -28,13 +28,17 @@ import orthopt
 STEPS = 3
 # (algorithm, options, shapes): wide, tall and square matrices, a [3,16,24] stack in the same bank
 # as two [16,24] (it straddles ranks), a 4-D stack, a vector, an embedding-like [40,8], biases.
+# Dion (random initial Q) the same, plus a flatten group ([8,4,6] is one [8,24] matrix).
 SPEC = [
     ("muon", {"lr": 0.02}, [(16, 24), (16, 24), (24, 16), (20, 20), (3, 16, 24), (24, 16), (16, 16), (2, 2, 8, 8)]),
     ("adamw", {"lr": 3e-3, "weight_decay": 0.01}, [(50,), (40, 8), (13,)]),
     ("normuon", {"lr": 0.02}, [(16, 16), (16, 16), (8, 32)]),
     ("dion3", {"lr": 0.03, "fraction": 0.25}, [(32, 16), (32, 16), (32, 16), (16, 48)]),
     ("lion", {"lr": 1e-3}, [(30,)]),
+    ("dion", {"lr": 0.02}, [(16, 24), (16, 24), (3, 16, 24), (24, 16), (20, 20), (2, 2, 8, 8)]),
+    ("dion", {"lr": 0.02, "flatten": True, "rank_fraction": 0.5}, [(8, 4, 6), (8, 24)]),
 ]
+DION_PARAMS = [k for k, algo in enumerate(a for a, _, shapes in SPEC for _ in shapes) if algo == "dion"]
 
 
 def make_groups(dtype, seed=7):
@@ -129,6 +133,16 @@ def scenario_exact(pg, rank, world, out):
     res["full"] = opt.full_state_dict()
     res["step_count"] = opt.step_count
     return res
+
+
+def scenario_dion_q(pg, rank, world, out):
+    """Dion's initial Q: a skipped step creates every piece's state and changes nothing."""
+    groups = make_groups(torch.float64)
+    opt = orthopt.Muon(groups, process_group=pg)
+    opt.set_skip_factor(0.0)
+    set_local_grads(groups, 0, rank)
+    opt.step()
+    return {"full": opt.full_state_dict()}
 
 
 def scenario_saveload(pg, rank, world, out):
@@ -286,7 +300,8 @@ def dtensor_grads(full, step, world):
     return out
 
 
-SCENARIOS = {"exact": scenario_exact, "saveload": scenario_saveload, "mismatch": scenario_mismatch,
+SCENARIOS = {"exact": scenario_exact, "dion_q": scenario_dion_q, "saveload": scenario_saveload,
+             "mismatch": scenario_mismatch,
              "subgroup": scenario_subgroup, "dtensor": scenario_dtensor}
 
 
@@ -364,7 +379,7 @@ def runs(tmp_path_factory):
         # The single-process state after 2 steps of this world size's global batch, for re-sharding.
         _, opt, _ = run_reference(world, torch.float32, 2)
         torch.save(opt.state_dict(), out / "ref_state.pt")
-        scenarios = ["exact", "saveload", "mismatch"] + (["subgroup"] if world == 3 else [])
+        scenarios = ["exact", "dion_q", "saveload", "mismatch"] + (["subgroup"] if world == 3 else [])
         t0 = time.time()
         results[world] = launch(world, scenarios, out, {"ORTHOPT_TEST_REF_STATE": str(out / "ref_state.pt")})
         print(f"\n{world} ranks: {time.time() - t0:.1f} s; per scenario (rank 0): " +
@@ -400,6 +415,19 @@ def test_matches_single_process_on_global_batch(runs, reference, world, capsys):
     assert torch.equal(res[0]["final"][12], flat_params(start)[12].detach())
     with capsys.disabled():
         print(f"\n{world} ranks vs 1 process (fp64, {STEPS} steps): largest relative difference {worst:.2e}")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dion_pieces_start_from_the_single_process_q(runs, world):
+    groups = make_groups(torch.float64)
+    opt = orthopt.Muon(groups)
+    opt.set_skip_factor(0.0)
+    set_global_grads(groups, 0, world)
+    opt.step()
+    want = opt.state_dict()["state"]
+    for r, x in enumerate(result(runs, world, "dion_q")):
+        for k in DION_PARAMS:  # every piece's Q is its slice of this, so the assembled Q is equal
+            assert torch.equal(x["full"]["state"][k]["Q"], want[k]["Q"]), f"rank {r}, param {k}"
 
 
 @pytest.mark.parametrize("world", [2, 3])
