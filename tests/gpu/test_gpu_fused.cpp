@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda/multi_tensor_cuda.h"
+#include "gpu_test_util.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 
@@ -34,6 +35,7 @@ using orthopt::Algorithm;
 using orthopt::CudaGraphOptimizer;
 using orthopt::GroupOptions;
 using orthopt::Optimizer;
+using orthopt::gpu_test::first_mismatch;
 using orthopt::ParamGroup;
 
 struct KernelsOff {  // the reference path for the rest of the scope
@@ -255,24 +257,6 @@ TEST_F(GpuFused, MatchesReferencePathWithDefaultNsUpToNsNoise) {
   run_fused_vs_reference(/*fp32_ns=*/false, 0.1, "default NS");
 }
 
-// Parameters and every state tensor, bit for bit.
-std::string first_mismatch(const Optimizer& a, const Optimizer& b) {
-  const auto& ga = a.param_groups();
-  const auto& gb = b.param_groups();
-  for (size_t g = 0; g < ga.size(); ++g)
-    for (size_t i = 0; i < ga[g].params.size(); ++i) {
-      const std::string name = ga[g].names[i];
-      if (!at::equal(ga[g].params[i], gb[g].params[i])) return name + " (parameter)";
-      const auto& sa = a.param_state(g, i);
-      const auto& sb = b.param_state(g, i);
-      if (sa.size() != sb.size()) return name + " (state entries)";
-      for (const auto& [key, t] : sa) {
-        auto it = sb.find(key);
-        if (it == sb.end() || !at::equal(t, it->second)) return name + " (state '" + key + "')";
-      }
-    }
-  return "";
-}
 
 // The fused step replays bit-identically under CudaGraphOptimizer: eager fused steps vs warm-up,
 // capture and replays, with a scheduled lr and skipped steps (NaN gradients) inside the graph.

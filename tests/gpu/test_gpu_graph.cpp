@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 
@@ -26,6 +27,7 @@ using orthopt::Algorithm;
 using orthopt::CudaGraphOptimizer;
 using orthopt::GroupOptions;
 using orthopt::Optimizer;
+using orthopt::gpu_test::first_mismatch;
 using orthopt::ParamGroup;
 
 class GpuGraph : public ::testing::Test {
@@ -98,24 +100,6 @@ void fill_grads(const std::vector<Optimizer*>& opts, int64_t step) {
     }
 }
 
-// Bitwise comparison of parameters and every state tensor; returns the first mismatch.
-std::string first_mismatch(const Optimizer& a, const Optimizer& b) {
-  const auto& ga = a.param_groups();
-  const auto& gb = b.param_groups();
-  for (size_t g = 0; g < ga.size(); ++g)
-    for (size_t i = 0; i < ga[g].params.size(); ++i) {
-      const std::string name = ga[g].names[i];
-      if (!at::equal(ga[g].params[i], gb[g].params[i])) return name + " (parameter)";
-      const auto& sa = a.param_state(g, i);
-      const auto& sb = b.param_state(g, i);
-      if (sa.size() != sb.size()) return name + " (state entries)";
-      for (const auto& [key, t] : sa) {
-        auto it = sb.find(key);
-        if (it == sb.end() || !at::equal(t, it->second)) return name + " (state '" + key + "')";
-      }
-    }
-  return "";
-}
 
 std::vector<at::Tensor> snapshot_params(const Optimizer& o) {
   std::vector<at::Tensor> out;
