@@ -288,6 +288,7 @@ class DistributedEngine:
             un = seg.unit_numel
             for off, owner, local, n in seg.runs(first, count):
                 self.runs[(g, i)].append((off * un, owner, seg.chunk_offset + local * un, n * un))
+        self._plan_copies()
         with torch.no_grad():  # start identical: rank 0's parameters everywhere (like DDP)
             self._pack_params(all_ranks=True)
             src = 0 if self.pg is dist.group.WORLD else dist.get_global_rank(self.pg, 0)
@@ -376,39 +377,98 @@ class DistributedEngine:
 
     # -- copies between the params and the flat buffers
 
+    # Each copy is one or a few tensor ops whatever the number of params and runs (on a GPU a
+    # launch each): packing is one torch.cat(..., out=buffer) of the sources in the buffer's order
+    # (params or run slices of them, zero pieces for the padding and for missing gradients, the
+    # flags), unpacking one op per param from views of param_flat made once here. Pure copies:
+    # the buffers hold bit for bit what the per-run copy_ loops wrote.
+
+    def _plan(self, owners, flags=False):
+        """The pieces of the given ranks' chunks, in order: (k, param offset, count) a run of flat param k,
+        (-1, 0, count) zeros (padding), (-2, 0, 0) the flags (after each chunk's data, with ``flags``)."""
+        pos = {owner: [] for owner in owners}
+        for k, gi in enumerate(self.flat):
+            for po, owner, co, n in self.runs[gi]:
+                if owner in pos:
+                    pos[owner].append((co, k, po, n))
+        plan = []
+        for owner in owners:
+            at = 0
+            for co, k, po, n in sorted(pos[owner]):
+                if co > at:
+                    plan.append((-1, 0, co - at))
+                plan.append((k, po, n))
+                at = co + n
+            if at < self.C:
+                plan.append((-1, 0, self.C - at))
+            if flags:
+                plan.append((-2, 0, 0))
+        return plan
+
+    def _plan_copies(self):
+        N, r, C = self.world, self.rank, self.C
+        self.numel = [self._params(*gi).numel() for gi in self.flat]
+        self.plan_all = self._plan(range(N))  # construction: every rank's chunk
+        self.plan_own = self._plan([r])       # a step: this rank's chunk
+        self.plan_grad = self._plan(range(N), flags=True)
+        gap = max((n for plan in (self.plan_all, self.plan_grad) for k, _, n in plan if k == -1), default=0)
+        self.zeros = torch.zeros(gap, dtype=self.param_flat.dtype, device=self.param_flat.device)
+        # unpack: per flat param, its runs' slices of param_flat in the param's order
+        self.unpack_src = []
+        for gi in self.flat:
+            views = [self.param_flat[owner * C + co:owner * C + co + n] for po, owner, co, n in sorted(self.runs[gi])]
+            self.unpack_src.append(views[0] if len(views) == 1 else views)
+
+    def _zero(self, n):
+        if n > self.zeros.numel():  # a missing gradient longer than any padding: grown once
+            self.zeros = torch.zeros(n, dtype=self.zeros.dtype, device=self.zeros.device)
+        return self.zeros[:n]
+
+    def _pieces(self, plan, srcs, flags=None):
+        out = []
+        for k, po, n in plan:
+            if k >= 0:
+                src = srcs[k]
+                out.append(self._zero(n) if src is None else src if n == self.numel[k] else src[po:po + n])
+            else:
+                out.append(self._zero(n) if k == -1 else flags)
+        return out
+
     def _params(self, g, i):
         return self.opt.param_groups[g]["params"][i]
 
     def _pack_params(self, all_ranks=False):
-        C = self.C
-        for gi, runs in self.runs.items():
-            src = self._params(*gi).detach().view(-1)
-            for po, owner, co, n in runs:
-                if all_ranks or owner == self.rank:
-                    self.param_flat[owner * C + co:owner * C + co + n].copy_(src[po:po + n])
+        r, C = self.rank, self.C
+        srcs = [self._params(*gi).detach().view(-1) for gi in self.flat]
+        if all_ranks:
+            torch.cat(self._pieces(self.plan_all, srcs), out=self.param_flat)
+        else:
+            torch.cat(self._pieces(self.plan_own, srcs), out=self.param_flat[r * C:(r + 1) * C])
 
     def _unpack_params(self):
-        C = self.C
-        for gi, runs in self.runs.items():
+        for gi, src in zip(self.flat, self.unpack_src):
             dst = self._params(*gi).detach().view(-1)
-            for po, owner, co, n in runs:
-                dst[po:po + n].copy_(self.param_flat[owner * C + co:owner * C + co + n])
+            dst.copy_(src) if isinstance(src, torch.Tensor) else torch.cat(src, out=dst)
 
     def _pack_grads(self):
-        """Local gradients into the flat buffer; returns the presence flags (None grad: zeros, flag 0)."""
-        G, buf, present = self.G, self.grad_flat, []
+        """Local gradients and the presence flags into the flat buffer (None grad: zeros, flag 0);
+        returns the flags."""
+        srcs, present = [], []
         for gi in self.flat:
             p = self._params(*gi)
             grad = p.grad
             if grad is not None and (grad.is_sparse or grad.shape != p.shape):
                 raise ValueError(f"{self._label(*gi)}: gradient of shape {tuple(grad.shape)}"
                                  f"{' (sparse)' if grad.is_sparse else ''} for a parameter of shape {tuple(p.shape)}")
-            src = grad.detach().reshape(-1) if grad is not None else None
-            for po, owner, co, n in self.runs[gi]:
-                dst = buf[owner * G + co:owner * G + co + n]
-                dst.copy_(src[po:po + n]) if src is not None else dst.zero_()
+            srcs.append(grad.detach().reshape(-1) if grad is not None else None)
             present.append(1.0 if grad is not None else 0.0)
+        flags = self._flags(present, None)
+        torch.cat(self._pieces(self.plan_grad, srcs, flags), out=self.grad_flat)
         return present
+
+    def _flags(self, present, error):
+        flags = torch.tensor((present or [0.0] * len(self.flat)) + [1.0 if error else 0.0], dtype=self.grad_flat.dtype)
+        return flags.to(self.grad_flat.device)
 
     # -- stepping
 
@@ -451,8 +511,8 @@ class DistributedEngine:
     def _reduce(self, present, error):
         """Sums the gradients and presence flags into this rank's chunk; raises on every rank if one failed."""
         N, r, C, G = self.world, self.rank, self.C, self.G
-        flags = torch.tensor((present or [0.0] * len(self.flat)) + [1.0 if error else 0.0], dtype=self.grad_flat.dtype)
-        self.grad_flat.view(N, G)[:, C:].copy_(flags.to(self.grad_flat.device))  # every rank's chunk gets them
+        if error is not None:  # otherwise _pack_grads wrote them
+            self.grad_flat.view(N, G)[:, C:].copy_(self._flags(present, error))  # every rank's chunk gets them
         own = self.grad_flat[r * G:(r + 1) * G]
         if self.native:
             scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
