@@ -1,7 +1,7 @@
 """Distributed Python optimizers (process_group=..., orthopt/dist.py) on Gloo, 2 and 3 processes.
 
 This file is also the worker: the tests start N copies of it (``python test_dist_python.py
-worker``) with RANK/WORLD_SIZE/MASTER_PORT set; each rank runs the scenarios and saves what it
+worker``) with RANK/WORLD_SIZE and a file rendezvous set; each rank runs the scenarios and saves what it
 saw into a scratch directory. The tests compare that with a single-process orthopt optimizer
 run here on the global batch (the gradient averaged over the ranks' local gradients). The
 single-process optimizer's own math is checked against float64 references in test_optim.py;
@@ -14,9 +14,9 @@ the matrices differently (bound 1e-6 relative; measured 0 on this CPU).
 """
 import datetime
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -309,7 +309,8 @@ def worker():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = os.environ["ORTHOPT_TEST_OUT"]
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+    # A file rendezvous: a free TCP port picked by the parent could be taken before rank 0 binds it.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{os.environ['ORTHOPT_TEST_STORE']}",
                                          rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
     pg = torch.distributed.group.WORLD
     for name in os.environ["ORTHOPT_TEST_SCENARIOS"].split(","):
@@ -325,18 +326,13 @@ def worker():
 
 # ---------------------------------------------------------------- test side
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world, scenarios, out, extra_env=None, timeout=120):
     """Runs `world` ranks of this file's worker; returns {scenario: [result of rank r]}."""
     # The workers import the same orthopt as this process, whatever the cwd and PYTHONPATH.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(orthopt.__file__)))
     path = os.pathsep.join([pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env = dict(os.environ, PYTHONPATH=path, WORLD_SIZE=str(world), MASTER_PORT=str(free_port()),
+    store = tempfile.mktemp(prefix="orthopt_store_", dir=str(out))  # must not exist yet: FileStore creates it
+    env = dict(os.environ, PYTHONPATH=path, WORLD_SIZE=str(world), ORTHOPT_TEST_STORE=store,
                ORTHOPT_TEST_OUT=str(out), ORTHOPT_TEST_SCENARIOS=",".join(scenarios), OMP_NUM_THREADS="1",
                **(extra_env or {}))
     procs = [subprocess.Popen([sys.executable, __file__, "worker"], env=dict(env, RANK=str(r)),
