@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from . import _C
 from . import dtensor as _dt
-from .optim import _cpp_options
+from .optim import _check_same_groups, _cpp_options
 
 __all__ = ["DistributedEngine", "build_layout"]
 
@@ -690,16 +690,7 @@ class DistributedEngine:
         (full_state_dict(), or a single-process optimizer's state_dict(): any world size)."""
         saved_groups = state_dict["param_groups"]
         groups = self.opt.param_groups
-        if len(saved_groups) != len(groups):
-            raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this optimizer has "
-                             f"{len(groups)}")
-        for g, (saved, group) in enumerate(zip(saved_groups, groups)):
-            if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"param group {g}: loaded state dict has {len(saved['params'])} params, "
-                                 f"this group has {len(group['params'])}")
-            if saved.get("algorithm") != group.get("algorithm"):
-                raise ValueError(f"param group {g}: loaded state dict is for algorithm '{saved.get('algorithm')}', "
-                                 f"this group uses '{group.get('algorithm')}'")
+        _check_same_groups(saved_groups, groups)
         meta = state_dict.get("orthopt_dist")
         saved_state = state_dict["state"]
         if meta is not None:

@@ -50,6 +50,20 @@ _OPTION_KEYS = frozenset(_C.optimizer_option_keys())
 _PASSTHROUGH_KEYS = frozenset({"params", "param_names", "initial_lr", "name"})
 
 
+def _check_same_groups(saved_groups, groups):
+    """A loaded state dict must have this optimizer's groups: count, params per group, algorithm."""
+    if len(saved_groups) != len(groups):
+        raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, "
+                         f"this optimizer has {len(groups)}")
+    for g, (saved, group) in enumerate(zip(saved_groups, groups)):
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"param group {g}: loaded state dict has {len(saved['params'])} params, "
+                             f"this group has {len(group['params'])}")
+        if saved.get("algorithm") != group.get("algorithm"):
+            raise ValueError(f"param group {g}: loaded state dict is for algorithm "
+                             f"'{saved.get('algorithm')}', this group uses '{group.get('algorithm')}'")
+
+
 def _cpp_options(group):
     """The group's options as plain values for C++ (a tensor lr becomes a float)."""
     out = {}
@@ -202,16 +216,7 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         if self._dist is not None:
             return self._dist.load_state_dict(state_dict)
         saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, "
-                             f"this optimizer has {len(self.param_groups)}")
-        for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
-            if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"param group {g}: loaded state dict has {len(saved['params'])} params, "
-                                 f"this group has {len(group['params'])}")
-            if saved.get("algorithm") != group.get("algorithm"):
-                raise ValueError(f"param group {g}: loaded state dict is for algorithm "
-                                 f"'{saved.get('algorithm')}', this group uses '{group.get('algorithm')}'")
+        _check_same_groups(saved_groups, self.param_groups)
         saved_state = state_dict["state"]
         states = [[dict(saved_state.get(pid, {})) for pid in saved["params"]] for saved in saved_groups]
         old_groups = [{k: v for k, v in grp.items() if k != "params"} for grp in self.param_groups]
