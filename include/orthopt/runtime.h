@@ -12,6 +12,10 @@ void init_runtime();
 // Number of hardware threads available to this process.
 int available_cores();
 
+// File name of the loaded object (executable or shared library) that holds `address`, or
+// "unknown".
+std::string shared_object_of(const void* address);
+
 // File name of the shared object whose std::filesystem code this library runs. It must be the
 // system libstdc++: pip's torch 2.x exports its own static copy of those symbols
 // (pytorch/pytorch#133437), built from other headers, and calls bound to it crash. The build

@@ -35,14 +35,18 @@ void init_runtime() {
   at::set_num_threads(threads);
 }
 
+std::string shared_object_of(const void* address) {
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  return info.dli_fname;
+}
+
 std::string filesystem_provider() {
   // The address as this library sees it: resolved through its own GOT entry, i.e. the binding
   // the dynamic linker chose for liborthopt's calls.
   using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&);
   RemoveAll fn = &std::filesystem::remove_all;
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(fn), &info) == 0 || info.dli_fname == nullptr) return "unknown";
-  return info.dli_fname;
+  return shared_object_of(reinterpret_cast<const void*>(fn));
 }
 
 }  // namespace orthopt

@@ -3,7 +3,6 @@
 // binding to it crashed every filesystem call on the GPU machine until the build made libstdc++
 // the first dependency (CMakeLists.txt). Debian's torch exports none, so here these tests pass
 // either way; on a pip-torch machine they fail without the link order.
-#include <dlfcn.h>
 #include <unistd.h>
 #include <gtest/gtest.h>
 
@@ -13,16 +12,6 @@
 
 #include "orthopt/runtime.h"
 
-namespace {
-
-std::string provider_of(void* fn) {
-  Dl_info info{};
-  if (dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "unknown";
-  return info.dli_fname;
-}
-
-}  // namespace
-
 TEST(Runtime, LibraryFilesystemCallsBindToSystemLibstdcxx) {
   const std::string lib = orthopt::filesystem_provider();
   EXPECT_NE(lib.find("libstdc++"), std::string::npos) << "liborthopt's std::filesystem binds to " << lib;
@@ -31,7 +20,7 @@ TEST(Runtime, LibraryFilesystemCallsBindToSystemLibstdcxx) {
 TEST(Runtime, ExecutableFilesystemCallsBindToSystemLibstdcxx) {
   using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&);
   RemoveAll fn = &std::filesystem::remove_all;
-  const std::string lib = provider_of(reinterpret_cast<void*>(fn));
+  const std::string lib = orthopt::shared_object_of(reinterpret_cast<const void*>(fn));
   EXPECT_NE(lib.find("libstdc++"), std::string::npos) << "the test's std::filesystem binds to " << lib;
 }
 
