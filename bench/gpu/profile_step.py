@@ -1,0 +1,78 @@
+"""Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
+on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
+Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
+Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, and
+the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
+top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch."""
+import collections
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import orthopt
+from step_peers import median_ms, param_set
+
+STEPS = 3
+
+
+def kernel_class(name):
+    n = name.lower()
+    if n.startswith("orthopt") or "multi_tensor" in n or "sym_" in n and "orthopt" in n:
+        return "orthopt kernels"
+    if any(k in n for k in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "gemv", "cublas")):
+        return "GEMM (cuBLAS/cuBLASLt)"
+    if "reduce" in n or "norm" in n:
+        return "reductions (ATen)"
+    if "copy" in n or "cat" in n or "memcpy" in n or "memset" in n or "fill" in n:
+        return "copies/fills (ATen)"
+    return "elementwise/other (ATen)"
+
+
+def groups_for(algo, mats, others):
+    matrix = dict(params=mats, algorithm=algo, lr=0.02, weight_decay=0.01)
+    if algo == "dion3":
+        matrix["fraction"] = 0.25
+    return [matrix, dict(params=others, algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)]
+
+
+def main():
+    torch.manual_seed(0)
+    sets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gpt2", "llama"]
+    algos = ["muon", "normuon", "dion3"]
+    for name in sets:
+        mats, others = param_set(name)
+        for algo in algos:
+            opt = orthopt.Muon(groups_for(algo, mats, others))
+            ms = median_ms(opt.step, warmup=3, repeats=10)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(STEPS):
+                    opt.step()
+                torch.cuda.synchronize()
+            per_kernel = collections.defaultdict(lambda: [0.0, 0])
+            for ev in prof.events():
+                if ev.device_type == torch.autograd.DeviceType.CUDA:
+                    k = per_kernel[ev.name]
+                    k[0] += ev.device_time_total / 1e3 / STEPS  # ms per step
+                    k[1] += 1
+            total = sum(v[0] for v in per_kernel.values())
+            launches = sum(v[1] for v in per_kernel.values()) / STEPS
+            print(f"\n## {name} {algo}: step {ms:.3f} ms (CUDA events, median of 10); kernels {total:.3f} ms/step, "
+                  f"{launches:.0f} launches/step; gaps {ms - total:.3f} ms", flush=True)
+            by_class = collections.defaultdict(float)
+            for kname, (t, _) in per_kernel.items():
+                by_class[kernel_class(kname)] += t
+            for c, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
+                print(f"  {c:<28} {t:8.3f} ms  {100 * t / max(total, 1e-9):5.1f}%")
+            print("  top kernels (ms/step, launches/step, name):")
+            for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:14]:
+                print(f"    {t:8.3f} {n / STEPS:6.0f}  {kname[:110]}")
+            del opt
+            torch.cuda.empty_cache()
+        del mats, others
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
