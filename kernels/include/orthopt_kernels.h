@@ -23,9 +23,11 @@ typedef enum {
   ORTHOPT_SYM_BLOCKS = 1, /* cuBLAS products over the lower-triangle blocks, then a mirror pass */
   ORTHOPT_SYM_NATIVE = 2, /* our tensor-core kernel (mma.sync, sm_80+): lower tiles only, each
                              written twice (in place and mirrored) */
-  ORTHOPT_SYM_DENSE = 3   /* one dense cuBLASLt product (fewest launches, for small m): both
+  ORTHOPT_SYM_DENSE = 3,  /* one dense cuBLASLt product (fewest launches, for small m): both
                              triangles, symmetric up to rounding; for B != A it multiplies by B
                              as stored (equal to Bᵀ by the symmetry contract) */
+  ORTHOPT_SYM_WGMMA = 4   /* our Hopper kernel (wgmma + TMA, sm_90a builds on compute capability
+                             9.0): lower tiles only, each written twice, like NATIVE */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

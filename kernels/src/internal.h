@@ -56,6 +56,10 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                               cudaStream_t stream);
+orthopt_status sym_abt_wgmma(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                             int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                             int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                             cudaStream_t stream);
 // D = α·A·op(X) + β·C through cuBLASLt, row-major: op(X) = X for X [k, n], or Xᵀ for X [n, k]
 // when x_transposed. C may be NULL (β ignored) or equal to D.
 orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
@@ -72,5 +76,6 @@ int64_t auto_sym_block(int64_t m);
 // Whether the native kernel can run these operands on the current device (why not, if not).
 bool native_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                       const char** why);
+bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why);
 
 }  // namespace orthopt_k

@@ -82,7 +82,12 @@ void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, 
 
 const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : (dt == ORTHOPT_FP16 ? "fp16" : "fp32"); }
 const char* name(orthopt_sym_path p) {
-  return p == ORTHOPT_SYM_NATIVE ? "native" : (p == ORTHOPT_SYM_DENSE ? "dense" : "blocks");
+  switch (p) {
+    case ORTHOPT_SYM_NATIVE: return "native";
+    case ORTHOPT_SYM_DENSE: return "dense";
+    case ORTHOPT_SYM_WGMMA: return "wgmma";
+    default: return "blocks";
+  }
 }
 
 // Relative error bound: the result is rounded once to the 16-bit type (bf16: 2^-9 relative per
@@ -700,6 +705,14 @@ void check_multi(bool quick, std::mt19937& rng) {
 
 }  // namespace
 
+bool hopper() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
 int main(int argc, char** argv) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -710,8 +723,13 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
-    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE}) {
+    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA}) {
+      if (path == ORTHOPT_SYM_WGMMA && !hopper()) {
+        std::printf("skip sym wgmma: not a compute capability 9.0 device\n");
+        continue;
+      }
       check_sym(dt, path, 1, 200, 72, true, false, rng);    // ragged tiles, k not a multiple of 32
+      check_sym(dt, path, 2, 136, 584, false, true, rng);   // k over many pipeline stages (ring wraps twice)
       check_sym(dt, path, 3, 256, 64, false, true, rng);    // batched, A≠B, β·C
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
       check_sym(dt, path, 1, 201, 96, false, false, rng);   // odd m

@@ -1,0 +1,368 @@
+// Hopper symmetric product D = α·A·Bᵀ + β·C + diag·I (wgmma + TMA, sm_90a). Like the native
+// mma.sync kernel it computes only the lower-triangle 128×128 tiles and writes each
+// off-diagonal tile twice (in place and mirrored through shared memory), so D is exactly
+// symmetric; the arithmetic runs on Hopper's warpgroup tensor-core instructions, fed by the
+// bulk tensor copy engine.
+//
+// Per CTA (one lower tile, 384 threads): warpgroup 0 is the producer (one thread issues TMA
+// loads of 128×64 tiles of A and B into a kStages-deep ring, completing on "full" mbarriers);
+// warpgroups 1 and 2 are consumers, each owning 64 rows × 128 columns of the tile and issuing
+// wgmma m64n128k16 (fp32 accumulators in registers) on the shared tiles, releasing a stage on
+// its "empty" mbarrier once the wgmmas that read it have completed. Shared tiles use the
+// 128-byte swizzle that TMA writes and wgmma reads (rows of 64 bf16/fp16 = 128 bytes). TMA
+// zero-fills rows past m and columns past k, so ragged shapes need no special case.
+// The epilogue goes through the pipeline's shared memory as in sym_native.cu.
+#include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
+
+#include <cstdint>
+
+#include "internal.h"
+
+namespace orthopt_k {
+namespace {
+
+constexpr int kBM = 128;       // tile edge
+constexpr int kBK = 64;        // k per stage: 64 × 2 bytes = one 128-byte swizzle row
+constexpr int kStages = 4;
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kTileBytes = kBM * kBK * 2;              // one operand tile per stage (16 KiB)
+constexpr int kStageBytes = 2 * kTileBytes;            // A and B
+constexpr int kEpiPitch = kBM + 1;
+constexpr size_t kPipeBytes = size_t(kStages) * kStageBytes;
+constexpr size_t kEpiBytes = size_t(kBM) * kEpiPitch * 4;
+constexpr size_t kDataBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+// + 1 KiB: the swizzled tiles need 1024-byte alignment, dynamic shared memory guarantees 16.
+constexpr size_t kSmemBytes = kDataBytes + 1024 + 2 * kStages * sizeof(uint64_t);
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+  static __device__ __nv_bfloat16 make(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Elem<__half> {
+  static __device__ float load(const __half* p) { return __half2float(*p); }
+  static __device__ __half make(float v) { return __float2half_rn(v); }
+};
+
+// wgmma, TMA and mbarrier transaction counts exist only in sm_90a code; other targets (a build
+// for another GPU) get traps, and the host refuses to launch there (wgmma_supported).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ORTHOPT_SM90A_ASM(...) __trap()
+#else
+#define ORTHOPT_SM90A_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  ORTHOPT_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  ORTHOPT_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                    : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  ORTHOPT_SM90A_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  ORTHOPT_SM90A_ASM(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// TMA: a box {kBK, kBM, 1} at (k0, row0, batch) of the 3-D map [batch][rows][k] into shared memory.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k0, int row0, int z) {
+  ORTHOPT_SM90A_ASM(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(k0), "r"(row0), "r"(z)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: start address,
+// leading-dimension offset (unused for this layout, 16 bytes), stride between 8-row groups
+// (1024 bytes), swizzle mode 1 (128 B).
+__device__ __forceinline__ uint64_t smem_desc(const void* tile) {
+  const uint64_t addr = smem_u32(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { ORTHOPT_SM90A_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { ORTHOPT_SM90A_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  ORTHOPT_SM90A_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// D[64×128] (+)= A[64×16] · B[128×16]ᵀ, both operands K-major in shared memory (descriptors);
+// scale_d = 0 ignores the old accumulator.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  ORTHOPT_SM90A_ASM(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n128k16<__half>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  ORTHOPT_SM90A_ASM(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    sym_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k,
+                     float alpha, float beta, float diag) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kDataBytes);
+  uint64_t* empty = full + kStages;
+
+  // Which lower tile (ti >= tj) this CTA owns.
+  const int64_t idx = blockIdx.x;
+  int ti = static_cast<int>((sqrt(8.0 * static_cast<double>(idx) + 1.0) - 1.0) * 0.5);
+  while (static_cast<int64_t>(ti) * (ti + 1) / 2 > idx) --ti;
+  while (static_cast<int64_t>(ti + 1) * (ti + 2) / 2 <= idx) ++ti;
+  const int tj = static_cast<int>(idx - static_cast<int64_t>(ti) * (ti + 1) / 2);
+  const int row0 = ti * kBM, col0 = tj * kBM;
+  const int z = blockIdx.y;
+  D += static_cast<int64_t>(z) * stride_d;
+  if (C) C += static_cast<int64_t>(z) * stride_c;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes; };
+  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kStageBytes + kTileBytes; };
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 256);  // every consumer thread arrives
+    }
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+  if (wg == 0) {
+    if (tid == 0) {  // producer: one thread issues every copy
+      for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt % kStages, round = kt / kStages;
+        if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+        mbar_expect_tx(&full[s], kStageBytes);
+        tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+        tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+      }
+    }
+  } else {
+    // Consumer warpgroup c owns rows [64c, 64c + 64) of the tile.
+    const int c = wg - 1;
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int s = kt % kStages;
+      mbar_wait(&full[s], (kt / kStages) & 1);
+      const uint64_t da = smem_desc(tile_a(s) + c * 64 * kBK * 2), db = smem_desc(tile_b(s));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)  // 16 elements = 32 bytes = 2 descriptor units
+        wgmma_m64n128k16<T>(acc, da + 2 * kk, db + 2 * kk, 1);
+      wgmma_commit();
+      // The wgmmas of the previous stage have completed: give that stage back to the producer.
+      wgmma_wait<1>();
+      if (kt > 0) mbar_arrive(&empty[(kt - 1) % kStages]);
+    }
+    wgmma_wait<0>();
+  }
+  __syncthreads();  // every copy has landed and every wgmma has read its operands
+
+  // Accumulator layout of wgmma m64nN (fp32): warp w of the warpgroup holds rows 16w..16w+15;
+  // lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1} in registers 4j + {0,1,2,3}.
+  float* E = reinterpret_cast<float*>(smem);  // [kBM][kEpiPitch]
+  if (wg > 0) {
+    const int lane = tid & 31, warp = (tid / 32) & 3;
+    const int r = (wg - 1) * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      E[r * kEpiPitch + col] = alpha * acc[4 * j + 0];
+      E[r * kEpiPitch + col + 1] = alpha * acc[4 * j + 1];
+      E[(r + 8) * kEpiPitch + col] = alpha * acc[4 * j + 2];
+      E[(r + 8) * kEpiPitch + col + 1] = alpha * acc[4 * j + 3];
+    }
+  }
+  __syncthreads();
+
+  const bool diagonal_tile = ti == tj;
+  // Pass 1: the tile in place (diagonal tiles: their lower half), finishing the epilogue.
+  for (int e = tid; e < kBM * kBM; e += kThreads) {
+    const int r = e / kBM, c = e % kBM;
+    const int gr = row0 + r, gc = col0 + c;
+    if (gr >= m || gc >= m || (diagonal_tile && c > r)) continue;
+    const int64_t off = static_cast<int64_t>(gr) * m + gc;
+    float v = E[r * kEpiPitch + c];
+    if (C) v += beta * Elem<T>::load(C + off);
+    if (gr == gc) v += diag;
+    const T out = Elem<T>::make(v);
+    D[off] = out;
+    E[r * kEpiPitch + c] = Elem<T>::load(&out);  // mirror the rounded value
+  }
+  __syncthreads();
+  // Pass 2: the mirror, D[col0 + r][row0 + c] = tile[c][r] (diagonal tiles: strictly upper half).
+  for (int e = tid; e < kBM * kBM; e += kThreads) {
+    const int r = e / kBM, c = e % kBM;
+    const int gr = col0 + r, gc = row0 + c;
+    if (gr >= m || gc >= m || (diagonal_tile && c <= r)) continue;
+    D[static_cast<int64_t>(gr) * m + gc] = Elem<T>::make(E[c * kEpiPitch + r]);
+  }
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
+// binaries still load on machines without a driver).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+orthopt_status encode_tiled(EncodeTiled* out) {
+  static EncodeTiled fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    ORTHOPT_CUDA_TRY(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !p)
+      return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: cuTensorMapEncodeTiled is not available from the driver");
+    fn = reinterpret_cast<EncodeTiled>(p);
+  }
+  *out = fn;
+  return ORTHOPT_OK;
+}
+
+// The map of a batch of row-major [m, k] operands, boxes of kBM rows × kBK columns, 128-byte swizzle.
+orthopt_status make_map(CUtensorMap* map, orthopt_dtype dtype, const void* base, int64_t batch, int64_t m, int64_t k,
+                        int64_t stride) {
+  EncodeTiled encode = nullptr;
+  ORTHOPT_STATUS_TRY(encode_tiled(&encode));
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k) * 2, static_cast<cuuint64_t>(stride) * 2};  // bytes
+  const cuuint32_t box[3] = {kBK, kBM, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, dtype == ORTHOPT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: cuTensorMapEncodeTiled failed (%d)", int(r));
+  return ORTHOPT_OK;
+}
+
+template <typename T>
+orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
+                      const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
+                      float diag, void* D, int64_t stride_d, cudaStream_t stream) {
+  static thread_local int configured_device = -1;
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  if (configured_device != device) {
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kSmemBytes)));
+    configured_device = device;
+  }
+  CUtensorMap map_a, map_b;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
+  const int64_t t = (m + kBM - 1) / kBM;
+  dim3 grid(static_cast<unsigned>(t * (t + 1) / 2), static_cast<unsigned>(batch));
+  sym_wgmma_kernel<T><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, static_cast<const T*>(C), stride_c,
+                                                               static_cast<T*>(D), stride_d, static_cast<int>(m),
+                                                               static_cast<int>(k), alpha, beta, diag);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
+}  // namespace
+
+bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    *why = "cannot query the current device";
+    return false;
+  }
+  if (major != 9 || minor != 0) {
+    *why = "needs a Hopper GPU (compute capability 9.0: wgmma, TMA)";
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, sym_wgmma_kernel<__nv_bfloat16>) != cudaSuccess || attr.binaryVersion != 90) {
+    *why = "was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)";
+    return false;
+  }
+  if (k % 8 != 0) {
+    *why = "needs k divisible by 8 (TMA: 16-byte row pitch)";
+    return false;
+  }
+  if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0 || (stride_a % 8) != 0 ||
+      (stride_b % 8) != 0) {
+    *why = "needs 16-byte aligned A, B and batch strides";
+    return false;
+  }
+  return true;
+}
+
+orthopt_status sym_abt_wgmma(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                             int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                             int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                             cudaStream_t stream) {
+  return dtype == ORTHOPT_BF16 ? launch<__nv_bfloat16>(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C,
+                                                       stride_c, beta, diag, D, stride_d, stream)
+                               : launch<__half>(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c,
+                                                beta, diag, D, stride_d, stream);
+}
+
+}  // namespace orthopt_k
