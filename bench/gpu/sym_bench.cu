@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tlt, tauto,
-                ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense", tauto / t_dense, flops / t_dense * 1e-9,
+                ap == ORTHOPT_SYM_WGMMA ? "wgmma" : (ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense"), tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(D);

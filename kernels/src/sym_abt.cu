@@ -30,10 +30,12 @@ namespace orthopt_k {
 // Measured on an H100 (bench/results/2026-11-29-h100-sym-products.md, dense cuBLAS vs blocks vs
 // native in one run): the block path beats one dense product from m = 4096 (0.67x at 8192) and,
 // with panels of 512, at m = 2048 when k >= 3m (0.78x at 32x2048x7168); below that its extra
-// launches lose to one dense product. The native mma.sync kernel is slower than both on Hopper.
+// launches lose to one dense product. On an H200 (2026-11-30) the wgmma kernel beat the block
+// path in that region (4096², 4096×14336, 32×2048×7168); it takes it where the device and the
+// operands allow (orthopt_sym_abt falls back to the block path otherwise).
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   (void)batch;
-  if (m >= 4096 || (m >= 2048 && k >= 3 * m)) return ORTHOPT_SYM_BLOCKS;
+  if (m >= 4096 || (m >= 2048 && k >= 3 * m)) return ORTHOPT_SYM_WGMMA;
   return ORTHOPT_SYM_DENSE;
 }
 

@@ -4,11 +4,13 @@
 // symmetric; the arithmetic runs on Hopper's warpgroup tensor-core instructions, fed by the
 // bulk tensor copy engine.
 //
-// Per CTA (one lower tile, 384 threads): warpgroup 0 is the producer (one thread issues TMA
-// loads of 128×64 tiles of A and B into a kStages-deep ring, completing on "full" mbarriers);
-// warpgroups 1 and 2 are consumers, each owning 64 rows × 128 columns of the tile and issuing
+// Per CTA (one lower tile, 288 threads, two CTAs per multiprocessor so that one CTA's epilogue
+// overlaps the other's main loop): warpgroups 0 and 1 are consumers, each owning 64 rows × 128
+// columns of the tile and issuing
 // wgmma m64n128k16 (fp32 accumulators in registers) on the shared tiles, releasing a stage on
-// its "empty" mbarrier once the wgmmas that read it have completed. Shared tiles use the
+// its "empty" mbarrier once the wgmmas that read it have completed; warp 8 is the producer (one
+// thread issues TMA loads of 128×64 tiles of A and B into a kStages-deep ring, completing on
+// "full" mbarriers). Shared tiles use the
 // 128-byte swizzle that TMA writes and wgmma reads (rows of 64 bf16/fp16 = 128 bytes). TMA
 // zero-fills rows past m and columns past k, so ragged shapes need no special case.
 // The epilogue goes through the pipeline's shared memory as in sym_native.cu.
@@ -23,8 +25,8 @@ namespace {
 
 constexpr int kBM = 128;       // tile edge
 constexpr int kBK = 64;        // k per stage: 64 × 2 bytes = one 128-byte swizzle row
-constexpr int kStages = 4;
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kStages = 3;     // 3 × 32 KiB per CTA, two CTAs per multiprocessor
+constexpr int kThreads = 288;  // 2 consumer warpgroups + 1 producer warp
 constexpr int kTileBytes = kBM * kBK * 2;              // one operand tile per stage (16 KiB)
 constexpr int kStageBytes = 2 * kTileBytes;            // A and B
 constexpr int kEpiPitch = kBM + 1;
@@ -153,8 +155,21 @@ __device__ __forceinline__ void wgmma_m64n128k16<__half>(float (&d)[64], uint64_
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// Stores out[0..1] at p[0..1] where wrote[q]; one 4-byte store when both are written and p is
+// 4-byte aligned.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1)
+__device__ __forceinline__ void store_pair(T* p, const T (&out)[2], const bool (&wrote)[2]) {
+  if (wrote[0] && wrote[1] && (reinterpret_cast<uintptr_t>(p) & 3) == 0) {
+    struct alignas(4) Pair { T v[2]; };
+    *reinterpret_cast<Pair*>(p) = Pair{{out[0], out[1]}};
+    return;
+  }
+  if (wrote[0]) p[0] = out[0];
+  if (wrote[1]) p[1] = out[1];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
     sym_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k,
                      float alpha, float beta, float diag) {
@@ -192,8 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 
-  if (wg == 0) {
-    if (tid == 0) {  // producer: one thread issues every copy
+  if (wg == 2) {
+    if (tid == 256) {  // producer: one thread issues every copy
       for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % kStages, round = kt / kStages;
         if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
@@ -204,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // Consumer warpgroup c owns rows [64c, 64c + 64) of the tile.
-    const int c = wg - 1;
+    const int c = wg;
     for (int kt = 0; kt < ktiles; ++kt) {
       const int s = kt % kStages;
       mbar_wait(&full[s], (kt / kStages) & 1);
@@ -225,9 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Accumulator layout of wgmma m64nN (fp32): warp w of the warpgroup holds rows 16w..16w+15;
   // lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1} in registers 4j + {0,1,2,3}.
   float* E = reinterpret_cast<float*>(smem);  // [kBM][kEpiPitch]
-  if (wg > 0) {
+  if (wg < 2) {
     const int lane = tid & 31, warp = (tid / 32) & 3;
-    const int r = (wg - 1) * 64 + warp * 16 + lane / 4;
+    const int r = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int col = 8 * j + 2 * (lane % 4);
@@ -240,26 +255,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const bool diagonal_tile = ti == tj;
-  // Pass 1: the tile in place (diagonal tiles: their lower half), finishing the epilogue.
-  for (int e = tid; e < kBM * kBM; e += kThreads) {
-    const int r = e / kBM, c = e % kBM;
+  // Pass 1: the tile in place (diagonal tiles: their lower half), finishing the epilogue; two
+  // adjacent columns per thread, stored as one 4-byte pair where both are written and m is even.
+  for (int e = tid; e < kBM * kBM / 2; e += kThreads) {
+    const int r = e / (kBM / 2), c = 2 * (e % (kBM / 2));
     const int gr = row0 + r, gc = col0 + c;
-    if (gr >= m || gc >= m || (diagonal_tile && c > r)) continue;
-    const int64_t off = static_cast<int64_t>(gr) * m + gc;
-    float v = E[r * kEpiPitch + c];
-    if (C) v += beta * Elem<T>::load(C + off);
-    if (gr == gc) v += diag;
-    const T out = Elem<T>::make(v);
-    D[off] = out;
-    E[r * kEpiPitch + c] = Elem<T>::load(&out);  // mirror the rounded value
+    if (gr >= m) continue;
+    T out[2];
+    bool wrote[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      wrote[q] = gc + q < m && !(diagonal_tile && c + q > r);
+      if (!wrote[q]) continue;
+      const int64_t off = static_cast<int64_t>(gr) * m + gc + q;
+      float v = E[r * kEpiPitch + c + q];
+      if (C) v += beta * Elem<T>::load(C + off);
+      if (gr == gc + q) v += diag;
+      out[q] = Elem<T>::make(v);
+      E[r * kEpiPitch + c + q] = Elem<T>::load(&out[q]);  // mirror the rounded value
+    }
+    store_pair(D + static_cast<int64_t>(gr) * m + gc, out, wrote);
   }
   __syncthreads();
   // Pass 2: the mirror, D[col0 + r][row0 + c] = tile[c][r] (diagonal tiles: strictly upper half).
-  for (int e = tid; e < kBM * kBM; e += kThreads) {
-    const int r = e / kBM, c = e % kBM;
+  for (int e = tid; e < kBM * kBM / 2; e += kThreads) {
+    const int r = e / (kBM / 2), c = 2 * (e % (kBM / 2));
     const int gr = col0 + r, gc = row0 + c;
-    if (gr >= m || gc >= m || (diagonal_tile && c <= r)) continue;
-    D[static_cast<int64_t>(gr) * m + gc] = Elem<T>::make(E[c * kEpiPitch + r]);
+    if (gr >= m) continue;
+    T out[2];
+    bool wrote[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      wrote[q] = gc + q < m && !(diagonal_tile && c + q <= r);
+      if (wrote[q]) out[q] = Elem<T>::make(E[(c + q) * kEpiPitch + r]);
+    }
+    store_pair(D + static_cast<int64_t>(gr) * m + gc, out, wrote);
   }
 }
 
