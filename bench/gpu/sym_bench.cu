@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
   struct Shape { int64_t batch, m, k; };
   std::vector<Shape> shapes = {{1, 1024, 1024}, {1, 2048, 2048}, {1, 4096, 4096}, {1, 8192, 8192},
                                {1, 4096, 14336}, {16, 1536, 2048}, {16, 1536, 1536}, {128, 1536, 2048},
-                               {32, 2048, 7168}, {32, 2048, 2048}};
+                               {32, 2048, 7168}, {32, 2048, 2048},
+                               // the step's banks: GPT-2 124M (768-row, standard and Gram), Llama 1.26B
+                               {12, 768, 768}, {12, 768, 3072}, {88, 2048, 2048}, {66, 2048, 5632}};
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
