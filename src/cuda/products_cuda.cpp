@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "orthopt_kernels.h"
 
@@ -28,12 +29,29 @@ void check_status(orthopt_status st, const char* fn) {
   TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
 }
 
+// Routing switched off by ORTHOPT_GPU_KERNELS=0 (read at each call).
+bool kernels_enabled() {
+  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+bool elementwise_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+orthopt_dtype elementwise_kernel_dtype(at::ScalarType t) {
+  return t == at::kFloat ? ORTHOPT_FP32 : (t == at::kBFloat16 ? ORTHOPT_BF16 : ORTHOPT_FP16);
+}
+
 }  // namespace
 
 bool handles(const at::Tensor& t) {
   if (!t.is_cuda() || (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf)) return false;
-  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
-  return !(env && std::strcmp(env, "0") == 0);
+  return kernels_enabled();
+}
+
+bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype) {
+  if (!in.defined() || !in.is_cuda() || !elementwise_dtype(in.scalar_type()) || !elementwise_dtype(out_dtype))
+    return false;
+  return kernels_enabled();
 }
 
 at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha, const at::Tensor& C_in, double beta,
@@ -82,6 +100,45 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
                             static_cast<float>(beta), D.data_ptr(), m * n, at::cuda::getCurrentCUDAStream().stream()),
                "orthopt_gemm");
   return D;
+}
+
+at::Tensor scale_cast(const at::Tensor& in_arg, const at::Tensor& norm_arg, double safety, double eps,
+                      at::ScalarType out_dtype, bool transpose) {
+  TORCH_CHECK(in_arg.defined() && in_arg.is_cuda(), "argument 'in': expected a CUDA tensor");
+  TORCH_CHECK(in_arg.dim() == 3, "argument 'in': expected a batch [B, rows, cols], got shape ", in_arg.sizes());
+  TORCH_CHECK(elementwise_dtype(in_arg.scalar_type()), "argument 'in': expected fp32, bf16 or fp16, got ",
+              in_arg.scalar_type());
+  TORCH_CHECK(elementwise_dtype(out_dtype), "argument 'out_dtype': expected fp32, bf16 or fp16, got ", out_dtype);
+  const int64_t batch = in_arg.size(0), rows = in_arg.size(1), cols = in_arg.size(2);
+  at::Tensor norm;
+  if (norm_arg.defined()) {
+    TORCH_CHECK(norm_arg.is_cuda() && norm_arg.device() == in_arg.device(), "argument 'norm': expected a tensor on ",
+                in_arg.device(), ", got ", norm_arg.device());
+    TORCH_CHECK(norm_arg.scalar_type() == at::kFloat, "argument 'norm': expected fp32, got ", norm_arg.scalar_type());
+    TORCH_CHECK(norm_arg.numel() == batch, "argument 'norm': expected ", batch, " values (one per matrix), got ",
+                norm_arg.numel(), " (shape ", norm_arg.sizes(), ")");
+    norm = norm_arg.contiguous();
+  }
+  const at::Tensor in = in_arg.contiguous();
+  const c10::cuda::CUDAGuard guard(in.device());
+  const std::vector<int64_t> out_sizes =
+      transpose ? std::vector<int64_t>{batch, cols, rows} : std::vector<int64_t>{batch, rows, cols};
+  at::Tensor out = at::empty(out_sizes, in.options().dtype(out_dtype));
+  // Scalars rounded to fp32 as ATen rounds a Scalar in an fp32 kernel (static_cast: to nearest).
+  check_status(orthopt_scale_cast(batch, rows, cols, in.data_ptr(), elementwise_kernel_dtype(in.scalar_type()),
+                                  norm.defined() ? norm.data_ptr<float>() : nullptr, static_cast<float>(safety),
+                                  static_cast<float>(eps), out.data_ptr(), elementwise_kernel_dtype(out_dtype),
+                                  transpose ? 1 : 0, at::cuda::getCurrentCUDAStream().stream()),
+               "orthopt_scale_cast");
+  return out;
+}
+
+at::Tensor contiguous(const at::Tensor& t) {
+  if (t.is_contiguous() || t.dim() < 2 || !scale_cast_handles(t, t.scalar_type())) return t.contiguous();
+  const at::Tensor tt = t.transpose(-2, -1);  // [..., c, r]
+  if (!tt.is_contiguous()) return t.contiguous();
+  const at::Tensor in = tt.reshape({-1, tt.size(-2), tt.size(-1)});  // a view: tt is contiguous
+  return scale_cast(in, at::Tensor(), 1.0, 0.0, t.scalar_type(), /*transpose=*/true).view(t.sizes());
 }
 
 }  // namespace orthopt::cuda

@@ -1,6 +1,7 @@
 #pragma once
 // ATen glue over the CUDA kernel library (kernels/include/orthopt_kernels.h): the Newton–Schulz
-// products on CUDA tensors in bf16/fp16. Compiled only when torch has CUDA and the kernels
+// products on CUDA tensors in bf16/fp16, and the scaled cast/transpose that prepares the NS input
+// and makes tall NS results contiguous. Compiled only when torch has CUDA and the kernels
 // are built (ORTHOPT_WITH_CUDA).
 #ifdef ORTHOPT_WITH_CUDA
 #include <ATen/ATen.h>
@@ -20,6 +21,25 @@ at::Tensor sym_abt(const at::Tensor& A, const at::Tensor& B, double alpha, const
 
 // alpha·A·X + beta·C for A [batch, m, k], X [batch, k, n], C [batch, m, n] (undefined: none).
 at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at::Tensor& C, double beta);
+
+// Whether scale_cast takes this input and output dtype: a CUDA tensor in fp32, bf16 or fp16, an
+// output dtype among those, and routing not switched off by ORTHOPT_GPU_KERNELS=0 (read at each
+// call, like handles()).
+bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype);
+
+// op(in[b] / (norm[b]·safety + eps)) in out_dtype for in [B, rows, cols] (fp32, bf16 or fp16)
+// and norm fp32 with B values ([B] or [B, 1, 1]) on in's device (undefined: no scaling, op(in[b])
+// cast only); op is the
+// transpose (result [B, cols, rows], contiguous) when `transpose`, else the identity. Bit for bit
+// ATen's `(in.to(fp32) / (norm * safety + eps)).to(out_dtype)` (safety and eps rounded to fp32
+// like ATen's scalars), transposed when asked: orthopt_scale_cast.
+at::Tensor scale_cast(const at::Tensor& in, const at::Tensor& norm, double safety, double eps,
+                      at::ScalarType out_dtype, bool transpose);
+
+// t as a contiguous tensor of the same shape and dtype. When t's last two dimensions are the
+// transpose of a contiguous layout (the transposed views Newton–Schulz returns for tall matrices)
+// and scale_cast takes it, the copy is one tiled transpose kernel; otherwise t.contiguous().
+at::Tensor contiguous(const at::Tensor& t);
 
 }  // namespace orthopt::cuda
 #endif

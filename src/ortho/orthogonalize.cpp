@@ -7,7 +7,12 @@
 #include <map>
 #include <numeric>
 
+#include "ortho/orthogonalize_detail.h"
 #include "ortho/products.h"
+
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/products_cuda.h"
+#endif
 
 namespace orthopt {
 namespace {
@@ -56,20 +61,43 @@ at::Tensor gram_ns(at::Tensor X, const Schedule& s, int steps, const std::vector
   return detail::mm(Q, X, p);
 }
 
-// Orthogonalizes a batch [B, r, c] (any orientation); returns fp32/fp64 [B, r, c].
+// The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
+// where X = G3, or its transpose when tall. Normalization always in fp32 (or fp64 when that is
+// the compute dtype).
+at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType compute, const Schedule& s) {
+#ifdef ORTHOPT_WITH_CUDA
+  // CUDA input in fp32/bf16/fp16, compute dtype among those, kernels not switched off by
+  // ORTHOPT_GPU_KERNELS=0.
+  if (cuda::scale_cast_handles(G3, compute)) {
+    // One kernel instead of a (strided, for tall inputs) fp32 copy, the division and the cast:
+    // the same fp32 operations, bit for bit (orthopt_scale_cast). The norm is taken over the
+    // input as stored, contiguous: for tall inputs that is a different reduction order than the
+    // reference path below (which reduces the transposed copy), so the norm, and with it the
+    // result, may differ from the reference by about one ulp of the norm; wide inputs reduce
+    // the same fp32 tensor and match the reference bit for bit.
+    const at::Tensor G = G3.contiguous();
+    const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
+    const at::Tensor norm = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);  // [B, 1, 1]
+    return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/tall);
+  }
+#endif
+  // The reference path (CPU, fp64, ORTHOPT_GPU_KERNELS=0).
+  const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor X = tall ? G3.transpose(1, 2) : G3;
+  X = X.to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
+  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  return (X / (norm * s.safety + s.eps)).to(compute).contiguous();
+}
+
+// Orthogonalizes a batch [B, r, c] (any orientation); returns [B, r, c] in the compute dtype
+// (for tall inputs a transposed view of the contiguous [B, c, r] result).
 at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, const Schedule& s) {
   const bool tall = G3.size(1) > G3.size(2);
-  at::Tensor X = tall ? G3.transpose(1, 2) : G3;
-  const int64_t m = X.size(1), n = X.size(2);
+  const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
   const OrthoMethod method = resolve_method(m, n, opt);
   const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
 
-  // Normalization always in fp32 (or fp64 when that is the compute dtype), per matrix.
-  const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
-  X = X.to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
-  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
-  X = (X / (norm * s.safety + s.eps)).to(compute).contiguous();
-
+  at::Tensor X = normalized_input(G3, tall, compute, s);
   const Precision p = Precision::of(compute, G3.device());
   X = method == OrthoMethod::Gram ? gram_ns(X, s, opt.steps, opt.gram_restarts, p)
                                   : standard_ns(X, s, opt.steps, p);
@@ -204,12 +232,16 @@ void validate_ortho_args(const at::Tensor& G, const OrthoOptions& opt) {
                 "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
 }
 
-at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
+at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOptions& opt) {
   validate_ortho_args(G, opt);
   const Schedule s = resolve_schedule(opt);
   at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
   at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s) : orthogonalize_split(M, opt, s);
-  return out.reshape(G.sizes()).to(G.scalar_type());
+  return out.reshape(G.sizes());
+}
+
+at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
+  return detail::orthogonalize_in_compute_dtype(G, opt).to(G.scalar_type());
 }
 
 }  // namespace orthopt
