@@ -25,6 +25,8 @@
 
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
+#include "cuda/products_cuda.h"
+#include "ortho/orthogonalize_detail.h"
 #endif
 
 namespace orthopt {
@@ -631,12 +633,24 @@ class OptimizerImpl {
     const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
     size_t s = 0;
+    // Muon without split_sizes: the NS result in its compute dtype is the direction (the update
+    // kernel widens bf16/fp16 exactly, as the reference's cast to fp32 does, so the update is
+    // the same). With split_sizes or NorMuon the fp32 result, whose math continues in fp32.
+    const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
     for (const auto& [shape, js] : by_shape) {
       // Tall matrices come back as transposed views and the update kernel reads D contiguously:
-      // for Muon one copy per shape (a no-op for wide ones). NorMuon normalizes the views like
-      // the reference (same reduction order); its tall results are copied per matrix below.
-      at::Tensor res = orthogonalize(stacks[s++], ortho);
-      if (o.algorithm != Algorithm::NorMuon) res = res.contiguous();
+      // one copy per shape (a no-op for wide ones), for Muon by the transpose kernel in the
+      // compute dtype. NorMuon normalizes the views like the reference (same reduction order);
+      // its tall results are copied per matrix below.
+      at::Tensor res;
+      if (direct) {
+        res = detail::orthogonalize_in_compute_dtype(stacks[s++], ortho);
+        if (res.scalar_type() == at::kDouble) res = res.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
+        res = cuda::contiguous(res);
+      } else {
+        res = orthogonalize(stacks[s++], ortho);
+        if (o.algorithm != Algorithm::NorMuon) res = res.contiguous();
+      }
       for (size_t k = 0; k < js.size(); ++k) outs[js[k]] = js.size() > 1 ? res[static_cast<int64_t>(k)] : res;
     }
 
