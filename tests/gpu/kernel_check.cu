@@ -1,7 +1,9 @@
 // Correctness of the CUDA kernel library against float64 references computed on the host,
 // on random inputs, with outputs poisoned (NaN) before every call so that an unwritten element
-// fails. Covers the products (orthopt_sym_abt, orthopt_gemm) and the multi-tensor elementwise
-// kernels of the optimizer step (orthopt_multi_*). Needs a GPU; exits 77 (skip) without one.
+// fails. Covers the products (orthopt_sym_abt, orthopt_gemm), the multi-tensor elementwise
+// kernels of the optimizer step (orthopt_multi_*) and the scaled cast/transpose of the
+// Newton–Schulz input (orthopt_scale_cast, bit-exact against a host emulation). Needs a GPU;
+// exits 77 (skip) without one.
 // `--quick` keeps sizes small for compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -703,6 +705,240 @@ void check_multi(bool quick, std::mt19937& rng) {
   check_graph_capture(rng);
 }
 
+// ---- orthopt_scale_cast (the Newton–Schulz input: scaled cast, optionally transposed) against
+// a host emulation of the same fp32 operations. The expected output is BIT-EXACT: the host does
+// what the kernel and ATen's reference `(x.to(fp32) / (norm * safety + eps)).to(out)` do, one
+// IEEE fp32 operation at a time (volatile: no contraction into a fused multiply-add; x86-64 SSE
+// single precision, correctly rounded division), then rounds to nearest even in the output type
+// with the CUDA host conversions. Any byte difference fails, an unwritten (NaN-poisoned) element
+// included, and so does a write into the guard elements around the output.
+
+constexpr int64_t kGuard = 16;  // output elements before and after, poisoned, must stay so
+
+float host_divisor(float norm, float safety, float eps) {
+  volatile float p = norm * safety;
+  volatile float d = p + eps;
+  return d;
+}
+float host_div(float x, float d) {
+  volatile float y = x / d;
+  return y;
+}
+
+// Device bytes with kGuard poisoned elements on both sides and an optional one-element shift
+// (so the pointer is not 16-byte aligned and the kernel takes its scalar path).
+struct GuardedBuf {
+  orthopt_dtype dt;
+  int64_t n, shift;
+  std::vector<unsigned char> bytes;  // whole allocation, host mirror
+  unsigned char* dev = nullptr;
+  GuardedBuf(orthopt_dtype dt_, int64_t n_, bool misalign) : dt(dt_), n(n_), shift(misalign ? 1 : 0) {
+    bytes.assign((n + 2 * kGuard + 1) * esize(dt), 0xFF);
+    CHECK_CUDA(cudaMalloc(&dev, bytes.size()));
+  }
+  GuardedBuf(const GuardedBuf&) = delete;
+  GuardedBuf& operator=(const GuardedBuf&) = delete;
+  ~GuardedBuf() { cudaFree(dev); }
+  int64_t first() const { return kGuard + shift; }  // element index of data[0] in the allocation
+  void* data() { return dev + first() * esize(dt); }
+  void upload() { CHECK_CUDA(cudaMemcpy(dev, bytes.data(), bytes.size(), cudaMemcpyHostToDevice)); }
+  void download() { CHECK_CUDA(cudaMemcpy(bytes.data(), dev, bytes.size(), cudaMemcpyDeviceToHost)); }
+  void poison() {
+    std::fill(bytes.begin(), bytes.end(), 0xFF);  // NaN in fp32, bf16 and fp16
+    upload();
+  }
+  const unsigned char* element(int64_t e) const { return bytes.data() + (first() + e) * esize(dt); }
+  bool guards_poisoned() const {
+    auto poisoned = [&](size_t lo, size_t hi) {
+      for (size_t k = lo; k < hi; ++k)
+        if (bytes[k] != 0xFF) return false;
+      return true;
+    };
+    return poisoned(0, first() * esize(dt)) && poisoned((first() + n) * esize(dt), bytes.size());
+  }
+};
+
+// All 9 dtype pairs × transpose on/off × with/without norm on one shape.
+void check_scale_cast(int64_t batch, int64_t rows, int64_t cols, bool misalign, std::mt19937& rng) {
+  const int64_t n = batch * rows * cols, mat = rows * cols;
+  const float safety = static_cast<float>(1.02), eps = static_cast<float>(1e-7);
+  // Per-matrix norms, log-uniform over [1e-2, 1e2]; one tiny (eps matters, fp16 outputs overflow).
+  std::vector<float> norm(batch);
+  std::uniform_real_distribution<double> logu(-2.0, 2.0);
+  for (auto& v : norm) v = static_cast<float>(std::pow(10.0, logu(rng)));
+  if (batch >= 3) norm[1] = 3e-7f;
+  float* norm_dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&norm_dev, batch * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(norm_dev, norm.data(), batch * sizeof(float), cudaMemcpyHostToDevice));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int combos = 0, failed = 0;
+  std::string first_failure;
+  for (orthopt_dtype din : {ORTHOPT_FP32, ORTHOPT_BF16, ORTHOPT_FP16}) {
+    GuardedBuf in(din, n, misalign);
+    std::vector<float> x(n);  // the input values, exactly as stored
+    for (int64_t e = 0; e < n; ++e) {
+      float v = 0.0f;
+      while (v == 0.0f) {  // never zeros
+        encode(in.bytes, din, in.first() + e, normal(rng));
+        v = static_cast<float>(decode(in.bytes, din, in.first() + e));
+      }
+      x[e] = v;
+    }
+    in.upload();
+    for (orthopt_dtype dout : {ORTHOPT_FP32, ORTHOPT_BF16, ORTHOPT_FP16})
+      for (int transpose : {0, 1})
+        for (bool with_norm : {false, true}) {
+          ++combos;
+          GuardedBuf out(dout, n, misalign);
+          out.poison();
+          const orthopt_status st = orthopt_scale_cast(batch, rows, cols, in.data(), din, with_norm ? norm_dev : nullptr,
+                                                       safety, eps, out.data(), dout, transpose, nullptr);
+          const cudaError_t sync = cudaDeviceSynchronize();
+          char config[160];
+          std::snprintf(config, sizeof(config), "in=%s out=%s %s %s", name(din), name(dout),
+                        transpose ? "transposed" : "as-is", with_norm ? "scaled" : "unscaled");
+          if (st != ORTHOPT_OK || sync != cudaSuccess) {
+            if (failed++ == 0)
+              first_failure = std::string(config) + ": " + (st == ORTHOPT_OK ? "" : orthopt_last_error()) + " " +
+                              cudaGetErrorString(sync);
+            continue;
+          }
+          out.download();
+          int64_t mismatches = 0, first_bad = -1;
+          std::vector<unsigned char> expect(esize(dout) + 4);
+          for (int64_t b = 0; b < batch; ++b) {
+            const float d = host_divisor(norm[b], safety, eps);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < cols; ++c) {
+                const int64_t src = b * mat + r * cols + c;
+                const int64_t dst = b * mat + (transpose ? c * rows + r : r * cols + c);
+                encode(expect, dout, 0, with_norm ? host_div(x[src], d) : x[src]);
+                if (std::memcmp(expect.data(), out.element(dst), esize(dout)) != 0) {
+                  if (first_bad < 0) first_bad = dst;
+                  ++mismatches;
+                }
+              }
+          }
+          const bool guards = out.guards_poisoned();
+          if (mismatches == 0 && guards) continue;
+          if (failed++ == 0) {
+            char detail[200];
+            std::snprintf(detail, sizeof(detail), ": %lld of %lld elements differ (first at output element %lld)%s",
+                          (long long)mismatches, (long long)n, (long long)first_bad,
+                          guards ? "" : ", GUARD ELEMENTS OVERWRITTEN");
+            first_failure = std::string(config) + detail;
+          }
+        }
+  }
+  cudaFree(norm_dev);
+  if (failed) ++g_failures;
+  std::printf("%s scale_cast batch=%-6lld rows=%-5lld cols=%-5lld %s %d/%d configurations bit-exact%s%s\n",
+              failed ? "FAIL" : "ok  ", (long long)batch, (long long)rows, (long long)cols,
+              misalign ? "misaligned" : "aligned   ", combos - failed, combos, failed ? "; first: " : "",
+              first_failure.c_str());
+}
+
+// Captured in a CUDA graph and replayed: the same bytes as an eager call.
+void check_scale_cast_graph(std::mt19937& rng) {
+  const int64_t batch = 2, rows = 96, cols = 72, n = batch * rows * cols;
+  std::vector<float> x(n);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(rng) + 4.0f;
+  const float norm[2] = {3.5f, 0.25f};
+  float *x_dev = nullptr, *norm_dev = nullptr;
+  void *eager = nullptr, *graphed = nullptr;
+  CHECK_CUDA(cudaMalloc(&x_dev, n * 4));
+  CHECK_CUDA(cudaMalloc(&norm_dev, sizeof(norm)));
+  CHECK_CUDA(cudaMalloc(&eager, n * 2));
+  CHECK_CUDA(cudaMalloc(&graphed, n * 2));
+  CHECK_CUDA(cudaMemcpy(x_dev, x.data(), n * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(norm_dev, norm, sizeof(norm), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(eager, 0xFF, n * 2));
+  CHECK_CUDA(cudaMemset(graphed, 0xFF, n * 2));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const orthopt_status st = orthopt_scale_cast(batch, rows, cols, x_dev, ORTHOPT_FP32, norm_dev, 1.02f, 1e-7f, graphed,
+                                               ORTHOPT_BF16, 1, stream);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  bool ok = st == ORTHOPT_OK;
+  if (!ok) std::printf("capture: %s\n", orthopt_last_error());
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  ok = ok && orthopt_scale_cast(batch, rows, cols, x_dev, ORTHOPT_FP32, norm_dev, 1.02f, 1e-7f, eager, ORTHOPT_BF16, 1,
+                                nullptr) == ORTHOPT_OK;
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<unsigned char> a(n * 2), b(n * 2);
+  CHECK_CUDA(cudaMemcpy(a.data(), eager, n * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(b.data(), graphed, n * 2, cudaMemcpyDeviceToHost));
+  ok = ok && a == b;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  for (void* p : {static_cast<void*>(x_dev), static_cast<void*>(norm_dev), eager, graphed}) cudaFree(p);
+  if (!ok) ++g_failures;
+  std::printf("%s scale_cast captured in a CUDA graph, replay == eager call bit for bit\n", ok ? "ok  " : "FAIL");
+}
+
+void check_scale_cast_errors() {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 4096));
+  char* c = static_cast<char*>(p);
+  auto has = [](const char* s) { return std::strstr(orthopt_last_error(), s) != nullptr; };
+  auto invalid = [&](orthopt_status st, const char* what) { return st == ORTHOPT_ERR_INVALID && has(what); };
+  constexpr orthopt_dtype F32 = ORTHOPT_FP32, B16 = ORTHOPT_BF16;
+  const orthopt_dtype bad = static_cast<orthopt_dtype>(7);
+  const bool oks[] = {
+      invalid(orthopt_scale_cast(-1, 4, 4, p, F32, nullptr, 1, 0, c + 2048, F32, 0, nullptr), "'batch'"),
+      invalid(orthopt_scale_cast(1, -4, 4, p, F32, nullptr, 1, 0, c + 2048, F32, 0, nullptr), "'rows'"),
+      invalid(orthopt_scale_cast(1, 4, -4, p, F32, nullptr, 1, 0, c + 2048, F32, 0, nullptr), "'cols'"),
+      invalid(orthopt_scale_cast(1, 4, 4, p, bad, nullptr, 1, 0, c + 2048, F32, 0, nullptr), "'in_dtype'"),
+      invalid(orthopt_scale_cast(1, 4, 4, p, F32, nullptr, 1, 0, c + 2048, bad, 1, nullptr), "'out_dtype'"),
+      invalid(orthopt_scale_cast(1, 4, 4, nullptr, F32, nullptr, 1, 0, c + 2048, F32, 0, nullptr), "'in'"),
+      invalid(orthopt_scale_cast(1, 4, 4, p, F32, nullptr, 1, 0, nullptr, B16, 0, nullptr), "'out'"),
+      invalid(orthopt_scale_cast(2, 8, 8, p, F32, nullptr, 1, 0, c + 256, B16, 1, nullptr), "overlaps"),
+      invalid(orthopt_scale_cast(int64_t(1) << 40, int64_t(1) << 20, 1 << 10, p, F32, nullptr, 1, 0, c + 2048, F32, 0,
+                                 nullptr),
+              "too large"),
+      // Empty batches are no-ops (no launch, pointers not needed).
+      orthopt_scale_cast(0, 4, 4, nullptr, F32, nullptr, 1, 0, nullptr, F32, 1, nullptr) == ORTHOPT_OK,
+      orthopt_scale_cast(3, 0, 4, nullptr, B16, nullptr, 1, 0, nullptr, F32, 0, nullptr) == ORTHOPT_OK,
+  };
+  cudaFree(p);
+  std::string flags;
+  bool ok = true;
+  for (bool b : oks) {
+    flags += b ? '1' : '0';
+    ok = ok && b;
+  }
+  if (!ok) ++g_failures;
+  std::printf("%s scale_cast argument errors (%s)\n", ok ? "ok  " : "FAIL", flags.c_str());
+}
+
+void check_scale_casts(bool quick, std::mt19937& rng) {
+  check_scale_cast_errors();
+  struct Shape {
+    int64_t batch, rows, cols;
+    bool misalign;
+  };
+  std::vector<Shape> shapes = {
+      {1, 1, 1, false},    {3, 33, 65, false}, {2, 129, 31, false}, {3, 64, 96, false},  // 16-byte path when as-is
+      {3, 64, 96, true},   {1, 1, 40, false},  {2, 40, 1, false},   {2, 7, 5, false},    // scalar path
+      {2, 64, 64, false},  {1, 65, 63, true},
+  };
+  if (!quick) {
+    shapes.push_back({3, 64, 4096, false});
+    shapes.push_back({2, 1000, 520, false});
+    shapes.push_back({1, 4096, 72, true});
+    shapes.push_back({70000, 3, 5, false});  // batch > 65535: the transposed launch loops over the batch
+    shapes.push_back({66000, 2, 8, false});
+  }
+  for (const Shape& s : shapes) check_scale_cast(s.batch, s.rows, s.cols, s.misalign, rng);
+  check_scale_cast_graph(rng);
+}
+
 }  // namespace
 
 bool hopper() {
@@ -744,6 +980,7 @@ int main(int argc, char** argv) {
     if (!quick) check_gemm(dt, 2, 512, 1000, 512, 1, rng);
   }
   check_multi(quick, rng);
+  check_scale_casts(quick, rng);
   std::printf("kernel_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
   return g_failures ? 1 : 0;
