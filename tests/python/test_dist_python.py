@@ -382,8 +382,9 @@ def worker():
 
 # ---------------------------------------------------------------- test side
 
-def start(world, scenarios, out, extra_env=None):
-    """Starts `world` ranks of this file's worker; returns the Popen objects (stdout+stderr piped)."""
+def start(world, scenarios, out, extra_env=None, logs=None):
+    """Starts `world` ranks of this file's worker; returns the Popen objects. stdout+stderr go to a
+    pipe, or with ``logs`` to the files logs[r] (nothing to drain while the caller polls)."""
     # The workers import the same orthopt as this process, whatever the cwd and PYTHONPATH.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(orthopt.__file__)))
     path = os.pathsep.join([pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -391,47 +392,63 @@ def start(world, scenarios, out, extra_env=None):
     env = dict(os.environ, PYTHONPATH=path, WORLD_SIZE=str(world), ORTHOPT_TEST_STORE=store,
                ORTHOPT_TEST_OUT=str(out), ORTHOPT_TEST_SCENARIOS=",".join(scenarios), OMP_NUM_THREADS="1",
                **(extra_env or {}))
-    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker"], env=dict(env, RANK=str(r)),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+    procs = []
+    for r in range(world):
+        sink = open(logs[r], "wb") if logs else subprocess.PIPE
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker"], env=dict(env, RANK=str(r)),
+                                      stdout=sink, stderr=subprocess.STDOUT))
+        if logs:
+            sink.close()  # the child has its own descriptor
+    return procs
 
 
 def launch(world, scenarios, out, extra_env=None, timeout=120):
     """Runs `world` ranks of this file's worker; returns {scenario: [result of rank r]}."""
-    procs = start(world, scenarios, out, extra_env)
-    deadline = time.time() + timeout
-    logs = []
+    # Output into files: a rank blocked on a full pipe while another waits for it in a collective
+    # would deadlock (NCCL can log a lot).
+    log_files = [os.path.join(out, f"rank{r}.log") for r in range(world)]
+    procs = start(world, scenarios, out, extra_env, logs=log_files)
+    deadline, hung = time.time() + timeout, False
     try:
         for p in procs:
-            out_b, _ = p.communicate(timeout=max(1, deadline - time.time()))
-            logs.append(out_b.decode(errors="replace"))
+            p.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        hung = True
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    logs = [f"---- rank {r} (exit code {p.returncode}):\n" + open(f, errors="replace").read()[-20000:]
+            for r, (p, f) in enumerate(zip(procs, log_files))]
+    assert not hung, f"the ranks did not finish within {timeout} s (killed)\n" + "\n".join(logs)
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     return {s: [torch.load(os.path.join(out, f"{s}_{r}.pt")) for r in range(world)] for s in scenarios}
 
 
 def run_kill(world, out, extra_env=None, timeout=120):
     """Launches the kill scenario; returns per rank (exit code, seconds from the killed rank's death
-    to this rank's exit, result dict or None, log). Ranks still alive after `timeout` are killed
-    (exit code None: they hung)."""
-    procs = start(world, ["kill"], out, extra_env)
+    to this rank's exit, result dict or None, log tail, whether its first step finished). Ranks
+    still alive after `timeout` are killed (exit code None: they hung)."""
+    log_files = [os.path.join(out, f"kill_rank{r}.log") for r in range(world)]
+    procs = start(world, ["kill"], out, extra_env, logs=log_files)
     deadline, died, ended = time.time() + timeout, None, [None] * world
-    while time.time() < deadline and any(e is None for e in ended):
-        for r in reversed(range(world)):  # the killed rank first: no survivor ends "before" the death
-            if ended[r] is None and procs[r].poll() is not None:
-                ended[r] = time.time()
-        if died is None and ended[world - 1] is not None:
-            died = ended[world - 1]
-        time.sleep(0.05)
-    rcs = []
+    try:
+        while time.time() < deadline and any(e is None for e in ended):
+            for r in reversed(range(world)):  # the killed rank first: no survivor ends "before" the death
+                if ended[r] is None and procs[r].poll() is not None:
+                    ended[r] = time.time()
+            if died is None and ended[world - 1] is not None:
+                died = ended[world - 1]
+            time.sleep(0.05)
+        rcs = [p.poll() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for p in procs:
-        rcs.append(p.poll())
-        if p.poll() is None:
-            p.kill()
-    logs = [p.communicate()[0].decode(errors="replace") for p in procs]
+        p.wait()
+    logs = [open(f, errors="replace").read()[-20000:] for f in log_files]
     out_res = []
     for r in range(world):
         f = os.path.join(out, f"kill_{r}.pt")
