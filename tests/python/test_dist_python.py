@@ -2,7 +2,10 @@
 
 This file is also the worker: the tests start N copies of it (``python test_dist_python.py
 worker``) with RANK/WORLD_SIZE and a file rendezvous set; each rank runs the scenarios and saves what it
-saw into a scratch directory. The tests compare that with a single-process orthopt optimizer
+saw into a scratch directory. The worker's backend, device and dtype come from the environment
+(ORTHOPT_TEST_BACKEND, ORTHOPT_TEST_DEVICE, ORTHOPT_TEST_DTYPE; default Gloo, CPU, float64), and the
+checks below are functions of the results: tests/gpu/test_dist_nccl.py runs the same scenarios and
+checks on NCCL, rank r on cuda:r. The tests compare that with a single-process orthopt optimizer
 run here on the global batch (the gradient averaged over the ranks' local gradients). The
 single-process optimizer's own math is checked against float64 references in test_optim.py;
 what is under test here is the distribution: layout, padding, ownership, collectives, state
@@ -14,6 +17,7 @@ the matrices differently (bound 1e-6 relative; measured 0 on this CPU).
 """
 import datetime
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,14 +30,15 @@ import torch
 import orthopt
 
 STEPS = 3
+NS = {"compute_dtype": torch.float32}  # the CPU default; on CUDA the default is bf16/fp16 (too loose to compare)
 # (algorithm, options, shapes): wide, tall and square matrices, a [3,16,24] stack in the same bank
 # as two [16,24] (it straddles ranks), a 4-D stack, a vector, an embedding-like [40,8], biases.
 # Dion (random initial Q) the same, plus a flatten group ([8,4,6] is one [8,24] matrix).
 SPEC = [
-    ("muon", {"lr": 0.02}, [(16, 24), (16, 24), (24, 16), (20, 20), (3, 16, 24), (24, 16), (16, 16), (2, 2, 8, 8)]),
+    ("muon", {"lr": 0.02, **NS}, [(16, 24), (16, 24), (24, 16), (20, 20), (3, 16, 24), (24, 16), (16, 16), (2, 2, 8, 8)]),
     ("adamw", {"lr": 3e-3, "weight_decay": 0.01}, [(50,), (40, 8), (13,)]),
-    ("normuon", {"lr": 0.02}, [(16, 16), (16, 16), (8, 32)]),
-    ("dion3", {"lr": 0.03, "fraction": 0.25}, [(32, 16), (32, 16), (32, 16), (16, 48)]),
+    ("normuon", {"lr": 0.02, **NS}, [(16, 16), (16, 16), (8, 32)]),
+    ("dion3", {"lr": 0.03, "fraction": 0.25, **NS}, [(32, 16), (32, 16), (32, 16), (16, 48)]),
     ("lion", {"lr": 1e-3}, [(30,)]),
     ("dion", {"lr": 0.02}, [(16, 24), (16, 24), (3, 16, 24), (24, 16), (20, 20), (2, 2, 8, 8)]),
     ("dion", {"lr": 0.02, "flatten": True, "rank_fraction": 0.5}, [(8, 4, 6), (8, 24)]),
@@ -41,9 +46,9 @@ SPEC = [
 DION_PARAMS = [k for k, algo in enumerate(a for a, _, shapes in SPEC for _ in shapes) if algo == "dion"]
 
 
-def make_groups(dtype, seed=7):
-    g = torch.Generator().manual_seed(seed)
-    return [dict(opts, algorithm=algo, params=[(torch.randn(s, generator=g) * 0.5).to(dtype).requires_grad_()
+def make_groups(dtype, seed=7, device="cpu"):
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same values on every device
+    return [dict(opts, algorithm=algo, params=[(torch.randn(s, generator=g) * 0.5).to(dtype).to(device).requires_grad_()
                                                for s in shapes]) for algo, opts, shapes in SPEC]
 
 
@@ -61,7 +66,7 @@ def has_grad(k, step, rank):
 
 def local_grad(p, k, step, rank):
     g = torch.Generator().manual_seed(100000 + 1000 * step + 37 * rank + k)
-    return (torch.randint(-64, 64, p.shape, generator=g).to(p.dtype) / 256)
+    return (torch.randint(-64, 64, p.shape, generator=g).to(p.dtype) / 256).to(p.device)
 
 
 def set_local_grads(groups, step, rank):
@@ -86,8 +91,8 @@ def schedule(opt, t):
     opt.param_groups[0]["lr"] = 0.02 if t < 1 else 0.01
 
 
-def run_reference(world, dtype, steps, start=0, groups=None, opt=None, snapshots=()):
-    groups = groups or make_groups(dtype)
+def run_reference(world, dtype, steps, start=0, groups=None, opt=None, snapshots=(), device="cpu"):
+    groups = groups or make_groups(dtype, device=device)
     opt = opt or orthopt.Muon(groups)
     snaps = {}
     for t in range(start, start + steps):
@@ -106,9 +111,34 @@ def state_nbytes(state, with_scalars=True):
 
 # ---------------------------------------------------------------- worker side (one rank)
 
+def backend():
+    return os.environ.get("ORTHOPT_TEST_BACKEND", "gloo")
+
+
+def rank_device(rank):
+    """ORTHOPT_TEST_DEVICE: cpu (default) or cuda (rank r on cuda:r)."""
+    kind = os.environ.get("ORTHOPT_TEST_DEVICE", "cpu")
+    return torch.device(f"cuda:{rank}") if kind == "cuda" else torch.device(kind)
+
+
+def exact_dtype():
+    """Dtype of the params compared with the single process (exact, dion_q, subgroup)."""
+    return getattr(torch, os.environ.get("ORTHOPT_TEST_DTYPE", "float64"))
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(v) for v in x)
+    return x
+
+
 def scenario_exact(pg, rank, world, out):
-    """3 steps in fp64; ranks > 0 start from other values (the constructor broadcasts rank 0's)."""
-    groups = make_groups(torch.float64)
+    """3 steps (fp64 on Gloo); ranks > 0 start from other values (the constructor broadcasts rank 0's)."""
+    groups = make_groups(exact_dtype(), device=rank_device(rank))
     with torch.no_grad():
         for p in flat_params(groups):
             p.add_(rank)
@@ -137,7 +167,7 @@ def scenario_exact(pg, rank, world, out):
 
 def scenario_dion_q(pg, rank, world, out):
     """Dion's initial Q: a skipped step creates every piece's state and changes nothing."""
-    groups = make_groups(torch.float64)
+    groups = make_groups(exact_dtype(), device=rank_device(rank))
     opt = orthopt.Muon(groups, process_group=pg)
     opt.set_skip_factor(0.0)
     set_local_grads(groups, 0, rank)
@@ -148,7 +178,8 @@ def scenario_dion_q(pg, rank, world, out):
 def scenario_saveload(pg, rank, world, out):
     """fp32: shard save -> load on the same ranks continues bit for bit; the parent's
     single-process state dict (after 2 steps) loads here and continues like the 1-process run."""
-    groups = make_groups(torch.float32)
+    dev = rank_device(rank)
+    groups = make_groups(torch.float32, device=dev)
     a = orthopt.Muon(groups, process_group=pg)
     for t in range(2):
         set_local_grads(groups, t, rank)
@@ -159,10 +190,10 @@ def scenario_saveload(pg, rank, world, out):
     clones = [[p.detach().clone().requires_grad_() for p in grp["params"]] for grp in groups]
     twin = [dict(grp, params=c) for grp, c in zip(groups, clones)]
     b = orthopt.Muon(twin, process_group=pg)
-    b.load_state_dict(torch.load(path))
+    b.load_state_dict(torch.load(path, map_location=dev))
     unloaded = [dict(grp, params=[p.detach().clone().requires_grad_() for p in grp["params"]]) for grp in groups]
     c = orthopt.Muon(unloaded, process_group=pg)  # mutation check: no state loaded
-    ref = torch.load(os.environ["ORTHOPT_TEST_REF_STATE"])
+    ref = torch.load(os.environ["ORTHOPT_TEST_REF_STATE"], map_location=dev)
     resharded = [dict(grp, params=[p.detach().clone().requires_grad_() for p in grp["params"]]) for grp in groups]
     d = orthopt.Muon(resharded, process_group=pg)
     d.load_state_dict(ref)
@@ -191,10 +222,10 @@ def scenario_saveload(pg, rank, world, out):
 
 def scenario_mismatch(pg, rank, world, out):
     """Configurations that differ across ranks, and a bad parameter on one rank: every rank raises."""
-    res = {}
+    res, dev = {}, rank_device(rank)
     cases = {
         "lr": lambda g: g[0].update(lr=0.05) if rank == world - 1 else None,
-        "shape": lambda g: g[1]["params"].__setitem__(1, torch.zeros(40, 9, dtype=torch.float32))
+        "shape": lambda g: g[1]["params"].__setitem__(1, torch.zeros(40, 9, dtype=torch.float32, device=dev))
         if rank == 0 else None,
         "mixed": lambda g: g[2]["params"].__setitem__(0, torch.zeros(16, 16, device="meta"))
         if rank == 1 else None,
@@ -202,7 +233,7 @@ def scenario_mismatch(pg, rank, world, out):
         if rank == 1 else None,
     }
     for name, edit in cases.items():
-        groups = make_groups(torch.float32)
+        groups = make_groups(torch.float32, device=dev)
         edit(groups)
         try:
             orthopt.Muon(groups, process_group=pg)
@@ -210,7 +241,7 @@ def scenario_mismatch(pg, rank, world, out):
         except RuntimeError as e:
             res[name] = str(e)
     # A bad hyperparameter on one rank: its step raises, so do the others', and nothing changes.
-    groups = make_groups(torch.float32)
+    groups = make_groups(torch.float32, device=dev)
     opt = orthopt.Muon(groups, process_group=pg)
     set_local_grads(groups, 0, rank)
     before = [p.detach().clone() for p in flat_params(groups)]
@@ -222,7 +253,7 @@ def scenario_mismatch(pg, rank, world, out):
     except RuntimeError as e:
         res["step"] = str(e)
     res["unchanged"] = all(torch.equal(p, q) for p, q in zip(flat_params(groups), before))
-    t = torch.ones(1)
+    t = torch.ones(1, device=dev)
     torch.distributed.all_reduce(t, group=pg)  # the group is still usable: nobody hangs or desyncs
     res["after"] = float(t)
     return res
@@ -234,7 +265,7 @@ def scenario_subgroup(pg, rank, world, out):
     if rank == 0:
         return {}
     sub_rank = rank - 1
-    groups = make_groups(torch.float64)
+    groups = make_groups(exact_dtype(), device=rank_device(rank))
     with torch.no_grad():
         for p in flat_params(groups):
             p.add_(sub_rank)
@@ -300,34 +331,60 @@ def dtensor_grads(full, step, world):
     return out
 
 
+def scenario_kill(pg, rank, world, out):
+    """The last rank dies (SIGKILL) after the first step; the others go on stepping and must end
+    with an error instead of hanging (Gloo: the closed connection; NCCL: the group's timeout, see
+    tests/gpu/test_dist_nccl.py). Launched alone: the killed rank runs nothing after it."""
+    groups = make_groups(torch.float32, device=rank_device(rank))
+    opt = orthopt.Muon(groups, process_group=pg)
+    for t in range(1000):
+        set_local_grads(groups, t, rank)
+        opt.step()
+        float(flat_params(groups)[0].sum())  # the step finished here (a device sync on CUDA)
+        if t == 0:
+            open(os.path.join(out, f"kill_stepped_{rank}"), "w").close()
+            if rank == world - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return {"completed": True}
+
+
 SCENARIOS = {"exact": scenario_exact, "dion_q": scenario_dion_q, "saveload": scenario_saveload,
              "mismatch": scenario_mismatch,
-             "subgroup": scenario_subgroup, "dtensor": scenario_dtensor}
+             "subgroup": scenario_subgroup, "dtensor": scenario_dtensor, "kill": scenario_kill}
 
 
 def worker():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = os.environ["ORTHOPT_TEST_OUT"]
     torch.set_num_threads(1)
+    device = rank_device(rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's object collectives and barrier use the current device
     # A file rendezvous: a free TCP port picked by the parent could be taken before rank 0 binds it.
-    torch.distributed.init_process_group("gloo", init_method=f"file://{os.environ['ORTHOPT_TEST_STORE']}",
-                                         rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
+    timeout = datetime.timedelta(seconds=float(os.environ.get("ORTHOPT_TEST_TIMEOUT_S", "30")))
+    torch.distributed.init_process_group(backend(), init_method=f"file://{os.environ['ORTHOPT_TEST_STORE']}",
+                                         rank=rank, world_size=world, timeout=timeout)
     pg = torch.distributed.group.WORLD
-    for name in os.environ["ORTHOPT_TEST_SCENARIOS"].split(","):
+    scenarios = os.environ["ORTHOPT_TEST_SCENARIOS"].split(",")
+    for name in scenarios:
         t0 = time.time()
         try:
             res = SCENARIOS[name](pg, rank, world, out)
         except Exception:  # noqa: BLE001  reported by the test that reads it
             res = {"error": traceback.format_exc()}
         res["seconds"] = time.time() - t0
-        torch.save(res, os.path.join(out, f"{name}_{rank}.pt"))
+        torch.save(to_cpu(res), os.path.join(out, f"{name}_{rank}.pt"))
+    if "kill" in scenarios:  # the group is broken: tearing it down could block (NCCL)
+        sys.stdout.flush()
+        os._exit(0)
     torch.distributed.destroy_process_group()
 
 
 # ---------------------------------------------------------------- test side
 
-def launch(world, scenarios, out, extra_env=None, timeout=120):
-    """Runs `world` ranks of this file's worker; returns {scenario: [result of rank r]}."""
+def start(world, scenarios, out, extra_env=None, logs=None):
+    """Starts `world` ranks of this file's worker; returns the Popen objects. stdout+stderr go to a
+    pipe, or with ``logs`` to the files logs[r] (nothing to drain while the caller polls)."""
     # The workers import the same orthopt as this process, whatever the cwd and PYTHONPATH.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(orthopt.__file__)))
     path = os.pathsep.join([pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -335,26 +392,212 @@ def launch(world, scenarios, out, extra_env=None, timeout=120):
     env = dict(os.environ, PYTHONPATH=path, WORLD_SIZE=str(world), ORTHOPT_TEST_STORE=store,
                ORTHOPT_TEST_OUT=str(out), ORTHOPT_TEST_SCENARIOS=",".join(scenarios), OMP_NUM_THREADS="1",
                **(extra_env or {}))
-    procs = [subprocess.Popen([sys.executable, __file__, "worker"], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
-    deadline = time.time() + timeout
-    logs = []
+    procs = []
+    for r in range(world):
+        sink = open(logs[r], "wb") if logs else subprocess.PIPE
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker"], env=dict(env, RANK=str(r)),
+                                      stdout=sink, stderr=subprocess.STDOUT))
+        if logs:
+            sink.close()  # the child has its own descriptor
+    return procs
+
+
+def launch(world, scenarios, out, extra_env=None, timeout=120):
+    """Runs `world` ranks of this file's worker; returns {scenario: [result of rank r]}."""
+    # Output into files: a rank blocked on a full pipe while another waits for it in a collective
+    # would deadlock (NCCL can log a lot).
+    log_files = [os.path.join(out, f"rank{r}.log") for r in range(world)]
+    procs = start(world, scenarios, out, extra_env, logs=log_files)
+    deadline, hung = time.time() + timeout, False
     try:
         for p in procs:
-            out_b, _ = p.communicate(timeout=max(1, deadline - time.time()))
-            logs.append(out_b.decode(errors="replace"))
+            p.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        hung = True
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    logs = [f"---- rank {r} (exit code {p.returncode}):\n" + open(f, errors="replace").read()[-20000:]
+            for r, (p, f) in enumerate(zip(procs, log_files))]
+    assert not hung, f"the ranks did not finish within {timeout} s (killed)\n" + "\n".join(logs)
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     return {s: [torch.load(os.path.join(out, f"{s}_{r}.pt")) for r in range(world)] for s in scenarios}
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+def run_kill(world, out, extra_env=None, timeout=120):
+    """Launches the kill scenario; returns per rank (exit code, seconds from the killed rank's death
+    to this rank's exit, result dict or None, log tail, whether its first step finished). Ranks
+    still alive after `timeout` are killed (exit code None: they hung)."""
+    log_files = [os.path.join(out, f"kill_rank{r}.log") for r in range(world)]
+    procs = start(world, ["kill"], out, extra_env, logs=log_files)
+    deadline, died, ended = time.time() + timeout, None, [None] * world
+    try:
+        while time.time() < deadline and any(e is None for e in ended):
+            for r in reversed(range(world)):  # the killed rank first: no survivor ends "before" the death
+                if ended[r] is None and procs[r].poll() is not None:
+                    ended[r] = time.time()
+            if died is None and ended[world - 1] is not None:
+                died = ended[world - 1]
+            time.sleep(0.05)
+        rcs = [p.poll() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p in procs:
+        p.wait()
+    logs = [open(f, errors="replace").read()[-20000:] for f in log_files]
+    out_res = []
+    for r in range(world):
+        f = os.path.join(out, f"kill_{r}.pt")
+        out_res.append(torch.load(f) if os.path.exists(f) else None)
+    return [(rcs[r], None if died is None or ended[r] is None else ended[r] - died, out_res[r], logs[r],
+             os.path.exists(os.path.join(out, f"kill_stepped_{r}"))) for r in range(world)]
 
+
+def rel(a, b):
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def result(res):
+    """The per-rank results of one scenario, failing on any rank's error."""
+    for r, x in enumerate(res):
+        assert "error" not in x, f"rank {r}: {x['error']}"
+    return res
+
+
+# Checks of the worker results: each takes the per-rank results of one launch and what the
+# single-process optimizer gave on the global batch (tests/gpu/test_dist_nccl.py uses them too).
+
+def check_matches_single_process(res, snaps, dtype, tol):
+    """Every rank after 1 and STEPS steps against the single-process snapshots; returns the worst."""
+    start = make_groups(dtype)
+    worst = 0.0
+    for r, x in enumerate(res):
+        for k, p in enumerate(x["start"]):  # rank 0's parameters were broadcast
+            assert torch.equal(p, flat_params(start)[k].detach()), (r, k)
+        for key, step in (("step1", 1), ("final", STEPS)):
+            for k, (got, want) in enumerate(zip(x[key], snaps[step])):
+                e = rel(got, want)
+                worst = max(worst, e)
+                assert e <= tol, f"rank {r}, param {k}, after {step} step(s): relative difference {e:.3e}"
+        for got, want in zip(x["final"], res[0]["final"]):
+            assert torch.equal(got, want)  # every rank holds the same model
+        assert x["step_count"] == STEPS and x["skipped_equal"]
+    # The never-stepped param (no gradient anywhere) is untouched; the partial one moved.
+    assert torch.equal(res[0]["final"][12], flat_params(start)[12].detach())
+    return worst
+
+
+def check_dion_q(res, world, dtype, device="cpu"):
+    groups = make_groups(dtype, device=device)
+    opt = orthopt.Muon(groups)
+    opt.set_skip_factor(0.0)
+    set_global_grads(groups, 0, world)
+    opt.step()
+    want = opt.state_dict()["state"]
+    for r, x in enumerate(res):
+        for k in DION_PARAMS:  # every piece's Q is its slice of this, so the assembled Q is equal
+            assert torch.equal(x["full"]["state"][k]["Q"], want[k]["Q"].cpu()), f"rank {r}, param {k}"
+
+
+def check_full_state(res, want, world, dtype, tol, device="cpu"):
+    """full_state_dict() equals the single-process state dict ``want``; a single-process optimizer
+    loads it and continues like the single-process run."""
+    full = res[0]["full"]
+    assert [g["params"] for g in full["param_groups"]] == [g["params"] for g in want["param_groups"]]
+    assert full["state"].keys() == want["state"].keys()
+    assert 12 not in full["state"]  # never had a gradient: no state, like the single process
+    for pid, st in want["state"].items():
+        assert full["state"][pid].keys() == st.keys(), pid
+        for k, v in st.items():
+            got = full["state"][pid][k]
+            assert got.shape == v.shape and got.dtype == v.dtype, (pid, k)
+            if v.dim() == 0:
+                assert torch.equal(got, v.cpu()), (pid, k)
+            else:
+                assert rel(got, v) <= tol, (pid, k, rel(got, v))
+    groups = make_groups(dtype, device=device)
+    with torch.no_grad():
+        for p, w in zip(flat_params(groups), res[0]["final"]):
+            p.copy_(w)
+    opt = orthopt.Muon(groups)
+    opt.load_state_dict(full)
+    run_reference(world, dtype, 1, start=STEPS, groups=groups, opt=opt)
+    _, _, snaps = run_reference(world, dtype, STEPS + 1, snapshots=(STEPS + 1,), device=device)
+    for k, (got, want_p) in enumerate(zip(flat_params(groups), snaps[STEPS + 1])):
+        assert rel(got, want_p) <= tol, (k, rel(got, want_p))
+
+
+def check_state_sharded(res, want_state, want_bytes, world):
+    """Returns the state bytes per rank."""
+    want_tensors = state_nbytes(want_state["state"], with_scalars=False)
+    per_rank = [x["state_bytes"] for x in res]
+    for x in res:
+        assert x["state_bytes"] == x["shard_bytes"]
+    # Each piece holds exactly its slice (0-d AdamW step counters are per piece, so not summed).
+    assert sum(x["shard_tensor_bytes"] for x in res) == want_tensors
+    # Whole matrices cannot split finer. Measured on this model: largest rank 50.0% at N=2, 41.0%
+    # at N=3; without the per-bank rotation of the blocks 70% / 55%; replicated state 100%.
+    assert max(per_rank) <= 1.25 * want_bytes / world, per_rank
+    return per_rank
+
+
+def check_save_load(res, world, tol, device="cpu"):
+    for r, x in enumerate(res):
+        for k, (a, b) in enumerate(zip(x["a"], x["b"])):
+            assert torch.equal(a, b), f"rank {r} param {k}: resumed from the shard differs"
+        assert x["states_equal"]
+        assert x["steps"] == (4, 4, 2)  # d loaded a single-process dict: its own count restarts
+        assert any(not torch.equal(a, c) for a, c in zip(x["a"], x["c"]))  # the state matters
+        assert "rank" in x["wrong_rank"]
+    # Re-sharding: the 1-process state after 2 steps, loaded on N ranks, continues like the
+    # 1-process run (the same test at N = 2 and 3 covers any world size to any other).
+    _, _, snaps = run_reference(world, torch.float32, 4, snapshots=(4,), device=device)
+    for r, x in enumerate(res):
+        for k, (got, want) in enumerate(zip(x["d"], snaps[4])):
+            assert rel(got, want) <= tol, f"rank {r} param {k}: {rel(got, want):.3e}"
+
+
+def check_mismatch(res, world, backend_name="gloo", device_type="cpu"):
+    for r, x in enumerate(res):
+        assert "differs across ranks" in x["lr"] and "group 0 option 'lr'" in x["lr"], x["lr"]
+        assert f"rank(s) {world - 1} disagree" in x["lr"]
+        assert "group 1 param 1" in x["shape"] and "(40, 9)" in x["shape"], x["shape"]
+        assert "rank 1: " in x["mixed"] and "group 2 param 0" in x["mixed"] and "one dtype and device" in x["mixed"]
+        assert "rank 1: " in x["device"] and "group 0 param 0 is on meta" in x["device"], x["device"]
+        assert f"{backend_name} backend needs {device_type}" in x["device"], x["device"]
+        want = "option 'lr' must be finite" if r == 1 else "other rank(s) failed"
+        assert want in x["step"] and x["unchanged"], x["step"]
+        assert x["after"] == world
+
+
+def check_kill(ranks, world, limit_s):
+    """The killed rank died by SIGKILL after its first step; every other rank took its first step
+    and then ended with an error (an exception, or a signal such as NCCL's watchdog abort) within
+    limit_s of the death, not after finishing and not by hanging. Returns a line per rank."""
+    lines = []
+    rc, _, _, log, stepped = ranks[world - 1]
+    assert stepped and rc == -signal.SIGKILL, f"the killed rank: rc {rc}, first step done {stepped}\n{log}"
+    for r, (rc, after, res, log, stepped) in enumerate(ranks[:world - 1]):
+        assert stepped, f"rank {r} did not finish its first step (rc {rc})\n{log}"
+        assert rc is not None, f"rank {r} still running {limit_s} s after rank {world - 1} died: a hang\n{log}"
+        assert after is not None and after <= limit_s, (r, after)
+        if res is not None and "error" not in res:
+            raise AssertionError(f"rank {r} finished all steps without its peer: {res}\n{log}")
+        if res is not None:
+            how = "raised " + res["error"].strip().splitlines()[-1][:300]
+        else:
+            assert rc != 0, f"rank {r}: exit code 0 without a result\n{log}"
+            how = f"ended by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with {rc}"
+        lines.append(f"rank {r}: {how}, {after:.1f} s after rank {world - 1} died")
+    return lines
+
+
+# ---------------------------------------------------------------- the tests (Gloo, CPU)
 
 @pytest.fixture(scope="module")
 def reference():
@@ -383,91 +626,27 @@ def runs(tmp_path_factory):
     return results
 
 
-def result(runs, world, name):
-    res = runs[world][name]
-    for r, x in enumerate(res):
-        assert "error" not in x, f"rank {r} of {world}: {x['error']}"
-    return res
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_single_process_on_global_batch(runs, reference, world, capsys):
-    res = result(runs, world, "exact")
-    ref = reference[world]["snaps"]
-    start = make_groups(torch.float64)
-    worst = 0.0
-    for r, x in enumerate(res):
-        for k, p in enumerate(x["start"]):  # rank 0's parameters were broadcast
-            assert torch.equal(p, flat_params(start)[k].detach()), (r, k)
-        for key, step in (("step1", 1), ("final", STEPS)):
-            for k, (got, want) in enumerate(zip(x[key], ref[step])):
-                e = rel(got, want)
-                worst = max(worst, e)
-                assert e <= 1e-6, f"rank {r}, param {k}, after {step} step(s): relative difference {e:.3e}"
-        for got, want in zip(x["final"], res[0]["final"]):
-            assert torch.equal(got, want)  # every rank holds the same model
-        assert x["step_count"] == STEPS and x["skipped_equal"]
-    # The never-stepped param (no gradient anywhere) is untouched; the partial one moved.
-    assert torch.equal(res[0]["final"][12], flat_params(start)[12].detach())
+    worst = check_matches_single_process(result(runs[world]["exact"]), reference[world]["snaps"], torch.float64, 1e-6)
     with capsys.disabled():
         print(f"\n{world} ranks vs 1 process (fp64, {STEPS} steps): largest relative difference {worst:.2e}")
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_dion_pieces_start_from_the_single_process_q(runs, world):
-    groups = make_groups(torch.float64)
-    opt = orthopt.Muon(groups)
-    opt.set_skip_factor(0.0)
-    set_global_grads(groups, 0, world)
-    opt.step()
-    want = opt.state_dict()["state"]
-    for r, x in enumerate(result(runs, world, "dion_q")):
-        for k in DION_PARAMS:  # every piece's Q is its slice of this, so the assembled Q is equal
-            assert torch.equal(x["full"]["state"][k]["Q"], want[k]["Q"]), f"rank {r}, param {k}"
+    check_dion_q(result(runs[world]["dion_q"]), world, torch.float64)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_full_state_dict_equals_single_process_state(runs, reference, world):
-    full = result(runs, world, "exact")[0]["full"]
-    want = reference[world]["state"]
-    assert [g["params"] for g in full["param_groups"]] == [g["params"] for g in want["param_groups"]]
-    assert full["state"].keys() == want["state"].keys()
-    assert 12 not in full["state"]  # never had a gradient: no state, like the single process
-    for pid, st in want["state"].items():
-        assert full["state"][pid].keys() == st.keys(), pid
-        for k, v in st.items():
-            got = full["state"][pid][k]
-            assert got.shape == v.shape and got.dtype == v.dtype, (pid, k)
-            if v.dim() == 0:
-                assert torch.equal(got, v.cpu()), (pid, k)
-            else:
-                assert rel(got, v) <= 1e-6, (pid, k, rel(got, v))
-    # A single-process optimizer loads it and continues like the single-process run.
-    groups = make_groups(torch.float64)
-    with torch.no_grad():
-        for p, w in zip(flat_params(groups), result(runs, world, "exact")[0]["final"]):
-            p.copy_(w)
-    opt = orthopt.Muon(groups)
-    opt.load_state_dict(full)
-    run_reference(world, torch.float64, 1, start=STEPS, groups=groups, opt=opt)
-    _, _, snaps = run_reference(world, torch.float64, STEPS + 1, snapshots=(STEPS + 1,))
-    for k, (got, want) in enumerate(zip(flat_params(groups), snaps[STEPS + 1])):
-        assert rel(got.detach(), want) <= 1e-6, (k, rel(got.detach(), want))
+    check_full_state(result(runs[world]["exact"]), reference[world]["state"], world, torch.float64, 1e-6)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_state_is_sharded(runs, reference, world, capsys):
-    res = result(runs, world, "exact")
     total = reference[world]["state_bytes"]
-    want_tensors = state_nbytes(reference[world]["state"]["state"], with_scalars=False)
-    per_rank = [x["state_bytes"] for x in res]
-    for x in res:
-        assert x["state_bytes"] == x["shard_bytes"]
-    # Each piece holds exactly its slice (0-d AdamW step counters are per piece, so not summed).
-    assert sum(x["shard_tensor_bytes"] for x in res) == want_tensors
-    # Whole matrices cannot split finer. Measured on this model: largest rank 50.0% at N=2, 41.0%
-    # at N=3; without the per-bank rotation of the blocks 70% / 55%; replicated state 100%.
-    assert max(per_rank) <= 1.25 * total / world, per_rank
+    per_rank = check_state_sharded(result(runs[world]["exact"]), reference[world]["state"], total, world)
     with capsys.disabled():
         print(f"\n{world} ranks: state bytes per rank {per_rank} of {total} "
               f"(largest {100 * max(per_rank) / total:.1f}%)")
@@ -475,40 +654,27 @@ def test_state_is_sharded(runs, reference, world, capsys):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_save_load_continues_bit_identically_and_reshards(runs, world):
-    for r, x in enumerate(result(runs, world, "saveload")):
-        for k, (a, b) in enumerate(zip(x["a"], x["b"])):
-            assert torch.equal(a, b), f"rank {r} param {k}: resumed from the shard differs"
-        assert x["states_equal"]
-        assert x["steps"] == (4, 4, 2)  # d loaded a single-process dict: its own count restarts
-        assert any(not torch.equal(a, c) for a, c in zip(x["a"], x["c"]))  # the state matters
-        assert "rank" in x["wrong_rank"]
-    # Re-sharding: the 1-process state after 2 steps, loaded on N ranks, continues like the
-    # 1-process run (the same test at N = 2 and 3 covers any world size to any other).
-    _, _, snaps = run_reference(world, torch.float32, 4, snapshots=(4,))
-    for r, x in enumerate(runs[world]["saveload"]):
-        for k, (got, want) in enumerate(zip(x["d"], snaps[4])):
-            assert rel(got, want) <= 1e-6, f"rank {r} param {k}: {rel(got, want):.3e}"
+    check_save_load(result(runs[world]["saveload"]), world, 1e-6)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_mismatch_raises_on_every_rank(runs, world):
-    for r, x in enumerate(result(runs, world, "mismatch")):
-        assert "differs across ranks" in x["lr"] and "group 0 option 'lr'" in x["lr"], x["lr"]
-        assert f"rank(s) {world - 1} disagree" in x["lr"]
-        assert "group 1 param 1" in x["shape"] and "(40, 9)" in x["shape"], x["shape"]
-        assert "rank 1: " in x["mixed"] and "group 2 param 0" in x["mixed"] and "one dtype and device" in x["mixed"]
-        assert "rank 1: " in x["device"] and "group 0 param 0 is on meta" in x["device"], x["device"]
-        assert "gloo backend needs cpu" in x["device"], x["device"]
-        want = "option 'lr' must be finite" if r == 1 else "other rank(s) failed"
-        assert want in x["step"] and x["unchanged"], x["step"]
-        assert x["after"] == world
+    check_mismatch(result(runs[world]["mismatch"]), world)
 
 
 def test_subgroup_of_three_ranks_matches_two_rank_reference(runs, reference):
-    res = result(runs, 3, "subgroup")
+    res = result(runs[3]["subgroup"])
     for r in (1, 2):
         for k, (got, want) in enumerate(zip(res[r]["final"], reference[2]["snaps"][STEPS])):
             assert rel(got, want) <= 1e-6, (r, k)
+
+
+def test_killed_rank_ends_the_others_with_an_error(tmp_path, capsys):
+    """Rank 1 of 2 is SIGKILLed after its first step: rank 0's next step raises (Gloo sees the
+    closed connection at once; tests/gpu/test_dist_nccl.py runs the same on NCCL)."""
+    lines = check_kill(run_kill(2, tmp_path, timeout=60), 2, limit_s=30)
+    with capsys.disabled():
+        print("\ngloo kill test: " + "; ".join(lines))
 
 
 def test_process_group_without_init_process_group_is_refused():
