@@ -27,15 +27,19 @@ orthopt_sym_path forced_path() {
 
 namespace orthopt_k {
 
-// Measured on an H100 (bench/results/2026-11-29-h100-sym-products.md, dense cuBLAS vs blocks vs
-// native in one run): the block path beats one dense product from m = 4096 (0.67x at 8192) and,
-// with panels of 512, at m = 2048 when k >= 3m (0.78x at 32x2048x7168); below that its extra
-// launches lose to one dense product. On an H200 (2026-11-30) the wgmma kernel beat the block
-// path in that region (4096², 4096×14336, 32×2048×7168); it takes it where the device and the
-// operands allow (orthopt_sym_abt falls back to the block path otherwise).
+// Measured on an H200 (2026-11-30, bench/results/2026-11-30-h200-sym-products.md; dense cuBLAS,
+// cuBLASLt, blocks, native and wgmma in one run): the wgmma kernel (two CTAs per SM) beats every
+// other path from m = 4096 (0.76x dense at 4096², within 6% of the block path at 8192²), when
+// k >= 2m from m = 768 (12×768×3072 0.92x cuBLASLt, 66×2048×5632 0.67x, 32×2048×7168 0.69x),
+// and on large square batches (88×2048×2048 0.85x, 128×1536×2048 0.89x cuBLASLt); one dense
+// cuBLASLt product stays faster on smaller square work (32×2048×2048, 16×1536×2048, 12×768²,
+// single 2048²). Without the wgmma kernel (not Hopper, or misaligned operands) orthopt_sym_abt
+// falls back to the rule measured on an H100: blocks from m = 4096 or m >= 2048 with k >= 3m.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
-  (void)batch;
-  if (m >= 4096 || (m >= 2048 && k >= 3 * m)) return ORTHOPT_SYM_WGMMA;
+  if (m >= 4096) return ORTHOPT_SYM_WGMMA;
+  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA;
+  const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
+  if (m >= 1536 && work >= 4e11) return ORTHOPT_SYM_WGMMA;
   return ORTHOPT_SYM_DENSE;
 }
 
