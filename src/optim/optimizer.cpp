@@ -6,10 +6,19 @@
 // orthogonalization needs in a group is collected first and same-shaped ones go through one
 // batched orthogonalize() call.
 //
+// Dion3 and NorMuon's row statistics run per BANK: the group's active matrices of one shape
+// (2-D params, the matrices of 3-D expert stacks, flattened params) stacked into [B, m, n], every
+// step of the math one ATen op on the bank instead of one per matrix (a GPU step is otherwise
+// launch-bound). State and weights stay separate tensors per param: they are stacked per step
+// and each written back by one copy. The per-matrix functions stay as the reference path
+// (ORTHOPT_GPU_KERNELS=0) and the CPU default (use_banks()); on the CPU both give the same bits
+// (tests/cpp/test_optim_banks.cpp).
+//
 // On CUDA, Muon/NorMuon, AdamW and Lion groups take a fused path (the *_fused functions): the
 // elementwise math of all the group's tensors runs in a few multi-tensor kernel launches
 // (src/cuda/multi_tensor_cuda.h) with the same fp32 operations as the reference path, which
-// stays the path for CPU, fp64, Dion3/Dion and ORTHOPT_GPU_KERNELS=0.
+// stays the path for CPU, fp64, Dion and ORTHOPT_GPU_KERNELS=0. Dion3 writes its weights
+// through the same multi-tensor update kernel there.
 #include "orthopt/optim.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,8 +26,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <unordered_set>
 
 #include "optim/update_math.h"
@@ -248,6 +260,52 @@ int64_t leading_count(const std::vector<int64_t>& msz) {
   return n;
 }
 
+bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env && std::strcmp(env, value) == 0;
+}
+
+// Whether Dion3 and NorMuon's row statistics run per bank (below) on `device`, or per matrix
+// (the reference path). Banks by default, except on the CPU: there nothing is launch-bound, and
+// the large stacked temporaries are what glibc's malloc hands back to the OS after each step,
+// so touching them again costs page faults that made the CPU step 10-40% slower than per matrix
+// (docs/optimizers.md). ORTHOPT_GPU_KERNELS=0 selects the per-matrix path everywhere (and the
+// ATen path instead of the CUDA kernels), ORTHOPT_CPU_BANKS=1 the banks on the CPU too (tests,
+// benchmarks). Read at each step, so a test can compare the paths in one process.
+bool use_banks(c10::Device device) {
+  if (env_is("ORTHOPT_GPU_KERNELS", "0")) return false;
+  return !device.is_cpu() || env_is("ORTHOPT_CPU_BANKS", "1");
+}
+
+// Same-shaped matrices of a group's active params, processed as one [B, rows, cols] stack: a
+// 2-D param is one matrix, a [..., rows, cols] param prod(leading) of them, a flattened one
+// one. Params of another work dtype (fp64 next to fp32) form their own bank.
+struct Bank {
+  int64_t rows = 0, cols = 0;
+  at::ScalarType dtype = at::kFloat;  // work dtype of its params
+  std::vector<size_t> params;         // indices in the group
+  std::vector<size_t> positions;      // indices in the step's list of active params
+  std::vector<int64_t> offsets = {0};  // param j holds matrices [offsets[j], offsets[j + 1])
+
+  int64_t size() const { return offsets.back(); }
+  // Param j's part of a [B, ...] bank tensor (a view).
+  at::Tensor slice(const at::Tensor& bank, size_t j) const {
+    return bank.narrow(0, offsets[j], offsets[j + 1] - offsets[j]);
+  }
+};
+
+// The tensors `ts` (one per param of a bank, each its matrices as r×c: the weights r = rows,
+// c = cols, the variance c = 1) as one [B, r, c] tensor in `dtype`: a view of `ts[0]` when it is
+// the only one and has that dtype (never write into the result), else a new tensor. Values are
+// only copied or converted, so each param's slice holds exactly what its own .to(dtype) holds.
+at::Tensor stack_bank(const std::vector<at::Tensor>& ts, int64_t r, int64_t c, at::ScalarType dtype) {
+  const bool one_dtype = std::all_of(ts.begin(), ts.end(),
+                                     [&](const at::Tensor& t) { return t.scalar_type() == ts[0].scalar_type(); });
+  std::vector<at::Tensor> parts;
+  for (const auto& t : ts) parts.push_back(one_dtype ? t.reshape({-1, r, c}) : t.reshape({-1, r, c}).to(dtype));
+  return (parts.size() == 1 ? parts[0] : at::cat(parts, 0)).to(dtype);
+}
+
 // Whether `sources` can make the initial Q of parameter i of group g (see optim.h).
 void check_q_sources(const ParamGroup& grp, size_t g, size_t i, const std::vector<QSource>& sources) {
   const std::string label = param_label(grp, g, i);
@@ -317,12 +375,21 @@ class OptimizerImpl {
     steps = at::zeros({}, opts.dtype(at::kLong));
   }
 
+  // `value`, or `old` where this step is skipped: what commit() writes.
+  at::Tensor gated(const at::Tensor& value, const at::Tensor& old) const {
+    return skip_active ? at::where(keep, value, old) : value;
+  }
+
   // Writes `value` into `dst` unless this step is skipped (then dst stays bit-identical).
-  void commit(at::Tensor& dst, const at::Tensor& value) {
-    if (skip_active)
-      dst.copy_(at::where(keep, value, dst));
-    else
-      dst.copy_(value);
+  void commit(at::Tensor& dst, const at::Tensor& value) { dst.copy_(gated(value, dst)); }
+
+  // commit() for a bank: `value` [B, ...] into each param's tensor in `dsts`, gated once for
+  // the whole bank (`old`: the dsts stacked; where() promotes like commit()'s, so each dst gets
+  // the same bits), then one copy per param.
+  void commit_bank(const Bank& b, const std::vector<at::Tensor>& dsts, const at::Tensor& value,
+                   const at::Tensor& old) {
+    const at::Tensor v = gated(value, old);
+    for (size_t j = 0; j < dsts.size(); ++j) dsts[j].copy_(b.slice(v, j).reshape(dsts[j].sizes()));
   }
 
   StateDict& state_of(size_t g, size_t i) {
@@ -382,11 +449,14 @@ class OptimizerImpl {
     return out;
   }
 
-  at::Tensor weights(size_t g, size_t i) {
+  // The tensor that holds the weights: the fp32 master, or the parameter itself.
+  at::Tensor weight_storage(size_t g, size_t i) {
     const auto& p = groups[g].params[i];
     if (uses_master(p, groups[g].options)) return state_of(g, i).at("master");
-    return p.detach().to(work_dtype(p));
+    return p.detach();
   }
+
+  at::Tensor weights(size_t g, size_t i) { return weight_storage(g, i).to(work_dtype(groups[g].params[i])); }
 
   void write_weights(size_t g, size_t i, const at::Tensor& W_new) {
     at::Tensor p = groups[g].params[i].detach();
@@ -399,9 +469,62 @@ class OptimizerImpl {
     }
   }
 
+  // write_weights() for a bank: W_new [B, rows, cols] gated once against W_old (the weights
+  // stacked), then per param one copy (and the parameter's copy of its master weights).
+  void write_weights_bank(size_t g, const Bank& b, const at::Tensor& W_new, const at::Tensor& W_old) {
+    const at::Tensor v = gated(W_new, W_old);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const size_t i = b.params[j];
+      at::Tensor p = groups[g].params[i].detach();
+      const at::Tensor w = b.slice(v, j).reshape(p.sizes());
+      if (uses_master(groups[g].params[i], groups[g].options)) {
+        state_of(g, i).at("master").copy_(w);
+        p.copy_(state_of(g, i).at("master"));
+      } else {
+        p.copy_(w);
+      }
+    }
+  }
+
   at::Tensor grad_of(size_t g, size_t i) {
     const auto& p = groups[g].params[i];
     return p.grad().detach().to(work_dtype(p));
+  }
+
+  // The banks of the active params `idx` of group g (in order of first appearance).
+  std::vector<Bank> banks(size_t g, const std::vector<size_t>& idx) const {
+    const auto& o = groups[g].options;
+    std::vector<Bank> out;
+    std::map<std::tuple<int64_t, int64_t, at::ScalarType>, size_t> index;
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const auto& p = groups[g].params[idx[j]];
+      const auto msz = matrix_sizes(p, o);
+      const int64_t rows = msz[msz.size() - 2], cols = msz.back();
+      auto [it, fresh] = index.try_emplace({rows, cols, work_dtype(p)}, out.size());
+      if (fresh) {
+        out.emplace_back();
+        out.back().rows = rows;
+        out.back().cols = cols;
+        out.back().dtype = work_dtype(p);
+      }
+      Bank& b = out[it->second];
+      b.params.push_back(idx[j]);
+      b.positions.push_back(j);
+      b.offsets.push_back(b.offsets.back() + leading_count(msz));
+    }
+    return out;
+  }
+
+  // Whether the active params `idx` of group g go through banks (use_banks()).
+  bool banks_used(size_t g, const std::vector<size_t>& idx) const {
+    return !idx.empty() && use_banks(groups[g].params[idx[0]].device());
+  }
+
+  // The state tensors `name` of a bank's params.
+  std::vector<at::Tensor> bank_state(size_t g, const Bank& b, const char* name) {
+    std::vector<at::Tensor> out;
+    for (size_t i : b.params) out.push_back(state_of(g, i).at(name));
+    return out;
   }
 
   // The options of the optimizers' orthogonalize() calls.
@@ -445,6 +568,34 @@ class OptimizerImpl {
     return {at::cat(blocks, -2), 1.0};
   }
 
+  // NorMuon (§4) on a bank's orthogonalized matrices U [B, rows, cols]: one normuon_normalize
+  // for the bank with its params' variances stacked; commits them and returns Û [B, rows, cols].
+  at::Tensor normuon_bank(size_t g, const Bank& b, const at::Tensor& U) {
+    const auto& o = groups[g].options;
+    const auto variances = bank_state(g, b, "variance");
+    const at::Tensor V_old = stack_bank(variances, b.rows, 1, at::kFloat);
+    auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V_old, o.normuon_beta2, o.normuon_eps);
+    commit_bank(b, variances, V_new, V_old);
+    return U_hat;
+  }
+
+  // Orthogonalization and NorMuon normalization of `mats` (one per active param, matrix view),
+  // one orthogonalize() and one normuon_bank() per bank. Returns Û per param (matrix view).
+  std::vector<at::Tensor> orthogonalize_normuon_banks(size_t g, const std::vector<size_t>& idx,
+                                                      const std::vector<at::Tensor>& mats) {
+    const auto& o = groups[g].options;
+    std::vector<at::Tensor> out(idx.size());
+    for (const Bank& b : banks(g, idx)) {
+      std::vector<at::Tensor> in;
+      for (size_t j : b.positions) in.push_back(mats[j]);
+      const at::Tensor U = orthogonalize(stack_bank(in, b.rows, b.cols, b.dtype), batch_ortho_options(o.ortho));
+      const at::Tensor U_hat = normuon_bank(g, b, U);
+      for (size_t j = 0; j < b.positions.size(); ++j)
+        out[b.positions[j]] = b.slice(U_hat, j).reshape(mats[b.positions[j]].sizes());
+    }
+    return out;
+  }
+
   // ---- Muon / NorMuon (§3, §4)
   void step_muon(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
@@ -461,12 +612,14 @@ class OptimizerImpl {
       commit(st.at("momentum"), M_new);
       inputs.push_back(U_in.reshape(matrix_sizes(p, o)));
     }
-    const auto outs = orthogonalize_all(inputs, o.ortho);
+    // NorMuon per bank; the per-matrix normalization below is its reference path.
+    const bool banked = o.algorithm == Algorithm::NorMuon && banks_used(g, idx);
+    const auto outs = banked ? orthogonalize_normuon_banks(g, idx, inputs) : orthogonalize_all(inputs, o.ortho);
     for (size_t j = 0; j < idx.size(); ++j) {
       const size_t i = idx[j];
       const auto& p = groups[g].params[i];
       at::Tensor U = outs[j];
-      if (o.algorithm == Algorithm::NorMuon) {
+      if (o.algorithm == Algorithm::NorMuon && !banked) {
         auto& V = state_of(g, i).at("variance");
         auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V, o.normuon_beta2, o.normuon_eps);
         commit(V, V_new);
@@ -480,9 +633,74 @@ class OptimizerImpl {
   }
 
   // ---- Dion3 (§5)
+  // The lr factor of a Dion3 update: the FULL matrix shape's adjustment, and lr / sqrt(f).
+  static double dion3_lr_factor(const GroupOptions& o, int64_t rows, int64_t cols) {
+    double factor = lr_adjust_factor(o.lr_adjust, rows, cols);
+    if (o.scale_lr_by_fraction) factor /= std::sqrt(o.fraction);
+    return factor;
+  }
+
+  // Per bank: the same operations as step_dion3_reference() on [B, rows, cols] stacks, so each
+  // matrix gets the same values (batched reductions, topk, gather and scatter work per slice).
   void step_dion3(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto idx = active(g);
+    if (!banks_used(g, idx)) return step_dion3_reference(g, idx, lr);
+#ifdef ORTHOPT_WITH_CUDA
+    // The weights through the multi-tensor update kernel (decay, step, master copy and skip gate
+    // in a few launches for the whole group) where it takes every tensor.
+    const bool kernels = fused(g, idx);
+    std::vector<at::Tensor> weights_k, copies_k, directions_k;
+    std::vector<double> factors_k;
+#endif
+    for (const Bank& b : banks(g, idx)) {
+      // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
+      const auto momenta = bank_state(g, b, "momentum");
+      std::vector<at::Tensor> grads;
+      for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
+      const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
+      const at::Tensor M = M_old + stack_bank(grads, b.rows, b.cols, b.dtype);
+      auto sel = optim_detail::dion3_select(M, o.fraction, o.momentum);
+      commit_bank(b, momenta, sel.momentum, M_old);
+      // 4-5: orthogonalize the [B, k, cols] selection in one call, NorMuon on the selected rows.
+      const at::Tensor U = orthogonalize(sel.selected, batch_ortho_options(o.ortho));
+      const auto variances = bank_state(g, b, "variance");
+      const at::Tensor V_old = stack_bank(variances, b.rows, 1, at::kFloat);
+      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, optim_detail::gather_rows(V_old, sel.rows),
+                                                                o.normuon_beta2, o.normuon_eps);
+      commit_bank(b, variances, optim_detail::scatter_rows(V_old, sel.rows, V_sel_new), V_old);
+      // 6-7: decay everywhere, the step on the selected rows.
+      const double factor = dion3_lr_factor(o, b.rows, b.cols);
+#ifdef ORTHOPT_WITH_CUDA
+      if (kernels) {  // the kernel reads a full-size direction: zeros outside the selection
+        const at::Tensor D = optim_detail::scatter_rows(at::zeros({b.size(), b.rows, b.cols}, U_hat.options()),
+                                                        sel.rows, U_hat);
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          add_weights(g, b.params[j], weights_k, copies_k);
+          directions_k.push_back(b.slice(D, j).reshape(groups[g].params[b.params[j]].sizes()));
+          factors_k.push_back(factor);
+        }
+        continue;
+      }
+#endif
+      std::vector<at::Tensor> storage;
+      for (size_t i : b.params) storage.push_back(weight_storage(g, i));
+      const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
+      write_weights_bank(g, b,
+                         optim_detail::decoupled_update_rows(W_old, sel.rows, U_hat.to(b.dtype), lr, lr * factor,
+                                                             o.weight_decay, o.cautious_weight_decay),
+                         W_old);
+    }
+#ifdef ORTHOPT_WITH_CUDA
+    if (kernels)
+      cuda::update(weights_k, directions_k, copies_k, factors_k, lr, o.weight_decay, o.cautious_weight_decay,
+                   keep_flag());
+#endif
+  }
+
+  // The per-matrix reference path of step_dion3().
+  void step_dion3_reference(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
     std::vector<at::Tensor> inputs, rows;
     for (size_t i : idx) {
       auto& st = state_of(g, i);
@@ -505,8 +723,7 @@ class OptimizerImpl {
       commit(V, optim_detail::scatter_rows(V, rows[j], V_sel_new));
       at::Tensor W = weights(g, i);
       at::Tensor D = optim_detail::scatter_rows(at::zeros(msz, W.options()), rows[j], U_hat.to(W.scalar_type()));
-      double factor = lr_adjust_factor(o.lr_adjust, msz[msz.size() - 2], msz.back());  // full matrix shape
-      if (o.scale_lr_by_fraction) factor /= std::sqrt(o.fraction);
+      const double factor = dion3_lr_factor(o, msz[msz.size() - 2], msz.back());
       write_weights(g, i,
                     optim_detail::decoupled_update(W, D.reshape(p.sizes()), lr, lr * factor, o.weight_decay,
                                                    o.cautious_weight_decay));
@@ -610,16 +827,14 @@ class OptimizerImpl {
   void step_muon_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto& params = groups[g].params;
-    // Orthogonalization inputs grouped by shape like orthogonalize_all(); the momentum kernel
-    // writes them straight into one fp32 buffer per shape (the stack the reference builds).
-    std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;  // shape -> positions in idx
-    for (size_t j = 0; j < idx.size(); ++j) by_shape[matrix_sizes(params[idx[j]], o)].push_back(j);
+    // Orthogonalization inputs grouped by bank; the momentum kernel writes them straight into
+    // one fp32 [B, rows, cols] buffer per bank (the stack the reference builds).
+    const auto bks = banks(g, idx);
     std::vector<at::Tensor> stacks, inputs(idx.size());
-    for (const auto& [shape, js] : by_shape) {
-      std::vector<int64_t> sizes = shape;
-      if (js.size() > 1) sizes.insert(sizes.begin(), static_cast<int64_t>(js.size()));
-      at::Tensor stack = at::empty(sizes, params[idx[js[0]]].options().dtype(at::kFloat));
-      for (size_t k = 0; k < js.size(); ++k) inputs[js[k]] = js.size() > 1 ? stack[static_cast<int64_t>(k)] : stack;
+    for (const Bank& b : bks) {
+      at::Tensor stack = at::empty({b.size(), b.rows, b.cols}, params[b.params[0]].options().dtype(at::kFloat));
+      for (size_t j = 0; j < b.params.size(); ++j)
+        inputs[b.positions[j]] = b.slice(stack, j).view(matrix_sizes(params[b.params[j]], o));
       stacks.push_back(stack);
     }
     std::vector<at::Tensor> momenta, grads;
@@ -632,40 +847,35 @@ class OptimizerImpl {
 
     const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
-    size_t s = 0;
     // Muon without split_sizes: the NS result in its compute dtype is the direction (the update
     // kernel widens bf16/fp16 exactly, as the reference's cast to fp32 does, so the update is
     // the same). With split_sizes or NorMuon the fp32 result, whose math continues in fp32.
     const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
-    for (const auto& [shape, js] : by_shape) {
+    for (size_t k = 0; k < bks.size(); ++k) {
+      const Bank& b = bks[k];
       // Tall matrices come back as transposed views and the update kernel reads D contiguously:
-      // one copy per shape (a no-op for wide ones), for Muon by the transpose kernel in the
-      // compute dtype. NorMuon normalizes the views like the reference (same reduction order);
-      // its tall results are copied per matrix below.
+      // one copy per bank (a no-op for wide ones), for Muon by the transpose kernel in the
+      // compute dtype. NorMuon normalizes the views like the reference (same reduction order),
+      // one normuon_bank() per bank.
       at::Tensor res;
       if (direct) {
-        res = detail::orthogonalize_in_compute_dtype(stacks[s++], ortho);
+        res = detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
         if (res.scalar_type() == at::kDouble) res = res.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
         res = cuda::contiguous(res);
       } else {
-        res = orthogonalize(stacks[s++], ortho);
-        if (o.algorithm != Algorithm::NorMuon) res = res.contiguous();
+        res = orthogonalize(stacks[k], ortho);
+        if (o.algorithm == Algorithm::NorMuon) res = normuon_bank(g, b, res);
+        res = res.contiguous();
       }
-      for (size_t k = 0; k < js.size(); ++k) outs[js[k]] = js.size() > 1 ? res[static_cast<int64_t>(k)] : res;
+      for (size_t j = 0; j < b.params.size(); ++j)
+        outs[b.positions[j]] = b.slice(res, j).view(matrix_sizes(params[b.params[j]], o));
     }
 
     std::vector<at::Tensor> weights, copies, directions;
     std::vector<double> factors;
     for (size_t j = 0; j < idx.size(); ++j) {
       const size_t i = idx[j];
-      at::Tensor U = outs[j];
-      if (o.algorithm == Algorithm::NorMuon) {  // row statistics stay ATen ops (per matrix)
-        auto& V = state_of(g, i).at("variance");
-        auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V, o.normuon_beta2, o.normuon_eps);
-        commit(V, V_new);
-        U = U_hat;
-      }
-      auto [D, factor] = adjust_rows(U, o);
+      auto [D, factor] = adjust_rows(outs[j], o);
       add_weights(g, i, weights, copies);
       directions.push_back(D.reshape(params[i].sizes()).contiguous());
       factors.push_back(factor);

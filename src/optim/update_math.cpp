@@ -44,19 +44,29 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
   return {U_hat.to(U.scalar_type()), V_new};
 }
 
-at::Tensor decoupled_update(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, const at::Tensor& lr_step,
-                            double weight_decay, bool cautious) {
-  at::Tensor decayed;
-  if (weight_decay == 0.0) {
-    decayed = W;
-  } else if (cautious) {
+at::Tensor decayed_weights(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, double weight_decay,
+                           bool cautious) {
+  if (weight_decay == 0.0) return W;
+  if (cautious) {
     // Decay only where W and the update direction agree in sign (W·D >= 0).
     at::Tensor mask = (W * D >= 0).to(W.scalar_type());
-    decayed = W - W * mask * (lr * weight_decay);
-  } else {
-    decayed = W * (1.0 - lr * weight_decay);
+    return W - W * mask * (lr * weight_decay);
   }
-  return decayed - D * lr_step;
+  return W * (1.0 - lr * weight_decay);
+}
+
+at::Tensor decoupled_update(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, const at::Tensor& lr_step,
+                            double weight_decay, bool cautious) {
+  return decayed_weights(W, D, lr, weight_decay, cautious) - D * lr_step;
+}
+
+at::Tensor decoupled_update_rows(const at::Tensor& W, const at::Tensor& rows, const at::Tensor& U,
+                                 const at::Tensor& lr, const at::Tensor& lr_step, double weight_decay, bool cautious) {
+  // A 0-d CPU zero: the mask's W·0 without a full-size D (and no device kernel to make it).
+  const at::Tensor zero = at::zeros({}, at::TensorOptions().dtype(W.scalar_type()));
+  const at::Tensor others = decayed_weights(W, zero, lr, weight_decay, cautious);
+  return scatter_rows(others, rows,
+                      decoupled_update(gather_rows(W, rows), U, lr, lr_step, weight_decay, cautious));
 }
 
 AdamWResult adamw_direction(const at::Tensor& m, const at::Tensor& v, const at::Tensor& G, const at::Tensor& step,

@@ -35,6 +35,15 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
 // lr and lr_step are 0-d tensors (lr_step already holds the lr adjustment).
 at::Tensor decoupled_update(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, const at::Tensor& lr_step,
                             double weight_decay, bool cautious);
+// The decay part alone: W·(1 − lr·wd), cautious as above (D only feeds the mask). Returns W
+// itself when weight_decay is 0.
+at::Tensor decayed_weights(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, double weight_decay,
+                           bool cautious);
+// decoupled_update(W, D) for the D that holds U [..., k, cols] on `rows` [..., k] and zeros
+// elsewhere (Dion3), without building D: the other rows get the decay alone, which is what
+// `decayed − 0·lr_step` is bit for bit (the cautious mask sees D = 0 there too).
+at::Tensor decoupled_update_rows(const at::Tensor& W, const at::Tensor& rows, const at::Tensor& U,
+                                 const at::Tensor& lr, const at::Tensor& lr_step, double weight_decay, bool cautious);
 
 // §7 AdamW moments and direction D (W ← ... − lr·D). step is the 0-d step count AFTER this step.
 struct AdamWResult {

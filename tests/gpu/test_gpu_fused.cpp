@@ -80,7 +80,10 @@ std::vector<int64_t> vec(int64_t n) { return {n}; }
 // matrices (transposed NS results), tensors larger than a kernel chunk (16384 elements), groups
 // with more tensors than a kernel table holds (56 for AdamW), mixed dtypes in one group, master
 // weights, 16-bit parameters and state without them, split_sizes, flatten, ema, Nesterov,
-// cautious weight decay, weight decay 0.
+// cautious weight decay, weight decay 0. NorMuon and Dion3 run per bank of same-shaped matrices
+// (2-D params and 3-D stacks together); the reference path per matrix. Dion3's row choice comes
+// from row L1 norms that the two paths reduce with different kernel splits on the GPU: the same
+// rows unless two norms tie to the last bits (random data: they do not).
 std::vector<Spec> fused_specs() {
   std::vector<Spec> s;
   s.push_back({Algorithm::Muon, {{64, 96}, {64, 96}, {3, 32, 48}, {300, 200}, {96, 40}}, {}, [](GroupOptions& o) {
@@ -103,7 +106,21 @@ std::vector<Spec> fused_specs() {
                  o.ortho.flatten = true;
                  o.weight_decay = 0.0;
                }});
-  s.push_back({Algorithm::NorMuon, {{80, 40}, {40, 120}}, {}, [](GroupOptions& o) { o.cautious_weight_decay = true; }});
+  s.push_back({Algorithm::NorMuon, {{80, 40}, {80, 40}, {40, 120}, {2, 40, 120}}, {},
+               [](GroupOptions& o) { o.cautious_weight_decay = true; }});
+  s.push_back({Algorithm::Dion3, {{64, 96}, {64, 96}, {2, 64, 96}, {300, 200}, {120, 40}}, {}, [](GroupOptions& o) {
+                 o.fraction = 0.3;
+                 o.scale_lr_by_fraction = true;
+                 o.cautious_weight_decay = true;
+               }});
+  s.push_back({Algorithm::Dion3,
+               {{48, 80}, {48, 80}, {40, 56}},
+               {at::kBFloat16, at::kFloat, at::kHalf},
+               [](GroupOptions& o) { o.master_weights = true; }});
+  s.push_back({Algorithm::Dion3, {{40, 56}, {40, 56}}, {at::kBFloat16, at::kBFloat16}, [](GroupOptions& o) {
+                 o.weight_decay = 0.0;
+                 o.lr_adjust = orthopt::LrAdjust::RmsNorm;
+               }});
   {
     Spec adam{Algorithm::AdamW, {}, {}, [](GroupOptions& o) { o.lr = 3e-3; }};
     for (int i = 0; i < 60; ++i) adam.shapes.push_back(vec(96));

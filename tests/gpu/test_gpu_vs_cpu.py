@@ -18,7 +18,7 @@ orthopt = pytest.importorskip("orthopt")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-SHAPES = [(96, 160), (160, 96), (128, 128), (3, 64, 96)]
+SHAPES = [(96, 160), (160, 96), (128, 128), (3, 64, 96), (2, 96, 160)]  # last: one bank with the first
 MATRIX = ["muon", "normuon", "dion3", "dion"]
 
 

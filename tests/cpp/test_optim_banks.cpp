@@ -1,0 +1,278 @@
+// The batched Dion3 and NorMuon steps (one op per bank of same-shaped matrices, src/optim/optimizer.cpp)
+// against their per-matrix reference paths (ORTHOPT_GPU_KERNELS=0), in one process.
+//
+// Two optimizers over identical parameters receive identical random gradients; one steps on the
+// batched path, the other on the reference path. Tolerance: none. Every parameter and every state
+// tensor must be bit-identical after every step (compared as integers, so NaN and -0 count too):
+// the batched path performs the reference's operations on the same values, and on the CPU the
+// batched reductions (row L1 norms, row means, per-matrix Frobenius norms), topk, gather, scatter
+// and the Newton–Schulz products give each slice of a stack the bits they give it alone.
+// (On a GPU the reduction kernels may split a reduction differently for a different number of
+// outputs; tests/gpu/test_gpu_fused.cpp bounds that case by fp32 rounding.)
+//
+// Covered: mixed banks (2-D params next to a 3-D expert stack of the same matrix shape), tall, wide
+// and square matrices, single-param banks, gradless (frozen) params, fp32 / fp64 / bf16 params, bf16
+// with fp32 master weights (also in one bank with an fp32 param), flatten, split_sizes (NorMuon),
+// cautious weight decay (with inf / NaN / -0 weights), weight decay 0, scale_lr_by_fraction,
+// fraction 1 (tall selections), and the skip factor: gating on, a skipped step with NaN gradients
+// (bit-identical state on both paths), and normal steps after it.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "orthopt/optim.h"
+
+namespace {
+
+using orthopt::Algorithm;
+using orthopt::GroupOptions;
+using orthopt::Optimizer;
+using orthopt::ParamGroup;
+
+// The batched path is not the CPU default (use_banks() in optimizer.cpp): ORTHOPT_CPU_BANKS=1
+// switches it on for these tests; ORTHOPT_GPU_KERNELS=0 (ReferencePath) selects the per-matrix
+// path over it.
+class OptimBanks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("ORTHOPT_CPU_BANKS", "1", 1);
+    unsetenv("ORTHOPT_GPU_KERNELS");
+  }
+  void TearDown() override { unsetenv("ORTHOPT_CPU_BANKS"); }
+};
+
+struct ReferencePath {  // the per-matrix path for the rest of the scope
+  ReferencePath() { setenv("ORTHOPT_GPU_KERNELS", "0", 1); }
+  ~ReferencePath() { unsetenv("ORTHOPT_GPU_KERNELS"); }
+};
+
+struct ParamSpec {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+  bool frozen = false;  // never gets a gradient
+};
+
+struct GroupSpec {
+  Algorithm algorithm;
+  std::vector<ParamSpec> params;
+  std::function<void(GroupOptions&)> tweak;
+};
+
+std::vector<ParamGroup> make_groups(const std::vector<GroupSpec>& specs) {
+  auto gen = at::detail::createCPUGenerator(31);
+  std::vector<ParamGroup> groups;
+  for (size_t g = 0; g < specs.size(); ++g) {
+    ParamGroup grp;
+    grp.options.algorithm = specs[g].algorithm;
+    grp.options.lr = 0.02;
+    grp.options.weight_decay = 0.1;
+    grp.options.ortho.method = orthopt::OrthoMethod::Auto;  // Gram NS on the wide banks
+    if (specs[g].tweak) specs[g].tweak(grp.options);
+    for (size_t i = 0; i < specs[g].params.size(); ++i) {
+      const auto& ps = specs[g].params[i];
+      grp.params.push_back(at::randn(ps.sizes, gen, at::kFloat).to(ps.dtype).requires_grad_(true));
+      grp.names.push_back("g" + std::to_string(g) + "_p" + std::to_string(i));
+    }
+    groups.push_back(std::move(grp));
+  }
+  return groups;
+}
+
+// Fresh tensors with the same values (each optimizer owns its parameters).
+std::vector<ParamGroup> copy_groups(const std::vector<ParamGroup>& groups) {
+  auto out = groups;
+  for (auto& g : out)
+    for (auto& p : g.params) p = p.detach().clone().requires_grad_(true);
+  return out;
+}
+
+// The same random gradients (NaN in every one when asked) for every optimizer; frozen params get none.
+void fill_grads(const std::vector<GroupSpec>& specs, const std::vector<Optimizer*>& opts, int step, bool nan) {
+  auto gen = at::detail::createCPUGenerator(1000 + step);
+  for (size_t g = 0; g < specs.size(); ++g)
+    for (size_t i = 0; i < specs[g].params.size(); ++i) {
+      const auto& ps = specs[g].params[i];
+      if (ps.frozen) continue;
+      at::Tensor grad = at::randn(ps.sizes, gen, at::kFloat);
+      if (nan) grad.view(-1).narrow(0, 0, 3).fill_(NAN);
+      for (Optimizer* o : opts) o->param_groups()[g].params[i].mutable_grad() = grad.to(ps.dtype);
+    }
+}
+
+// The bits of t (so NaN equals NaN and -0 differs from 0).
+at::Tensor bits(const at::Tensor& t) {
+  const at::Tensor c = t.detach().contiguous();
+  switch (c.element_size()) {
+    case 2: return c.view(at::kShort);
+    case 4: return c.view(at::kInt);
+    default: return c.view(at::kLong);
+  }
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && at::equal(bits(a), bits(b));
+}
+
+// Everything an optimizer owns: parameters and state, by name.
+std::vector<std::pair<std::string, at::Tensor>> snapshot(const Optimizer& o) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const auto& groups = o.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const std::string name = groups[g].names[i];
+      out.emplace_back(name, groups[g].params[i].detach().clone());
+      for (const auto& [key, t] : o.param_state(g, i)) out.emplace_back(name + " state '" + key + "'", t.clone());
+    }
+  return out;
+}
+
+// The first tensor that differs in its bits ("" when none).
+std::string first_difference(const std::vector<std::pair<std::string, at::Tensor>>& a,
+                             const std::vector<std::pair<std::string, at::Tensor>>& b) {
+  if (a.size() != b.size()) return "tensor count " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].first != b[k].first) return "names " + a[k].first + " vs " + b[k].first;
+    if (!same_bits(a[k].second, b[k].second)) {
+      const auto x = a[k].second.to(at::kDouble), y = b[k].second.to(at::kDouble);
+      std::ostringstream s;
+      s << a[k].first << " (max |difference| " << (x - y).abs().nan_to_num(0).max().item<double>() << ")";
+      return s.str();
+    }
+  }
+  return "";
+}
+
+// Steps both paths 7 times: two steps without gating, then gating on (factor 1), a skipped step with
+// NaN gradients, and normal steps; compares after every step.
+void expect_batched_equals_reference(const std::vector<GroupSpec>& specs) {
+  const auto groups = make_groups(specs);
+  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  const at::Tensor one = at::ones({}), zero = at::zeros({});
+  for (int t = 0; t < 7; ++t) {
+    const bool skip = t == 4;
+    if (t >= 3) {  // gating on from step 3
+      batched.set_skip_factor(skip ? zero : one);
+      reference.set_skip_factor(skip ? zero : one);
+    }
+    batched.set_lr_scale(1.0 - 0.1 * t);  // a schedule, read from the device
+    reference.set_lr_scale(1.0 - 0.1 * t);
+    fill_grads(specs, {&batched, &reference}, t, /*nan=*/skip);
+    const auto before = snapshot(batched);
+    batched.step();
+    {
+      ReferencePath on;
+      reference.step();
+    }
+    const auto now = snapshot(batched);
+    ASSERT_EQ(first_difference(now, snapshot(reference)), "") << "batched path differs from the reference at step " << t;
+    if (skip) EXPECT_EQ(first_difference(now, before), "") << "the skipped step " << t << " changed something";
+  }
+  EXPECT_EQ(batched.step_count(), 6);
+  // The comparison is between optimizers that did something: active params moved, frozen ones did not.
+  for (size_t g = 0; g < specs.size(); ++g)
+    for (size_t i = 0; i < specs[g].params.size(); ++i)
+      EXPECT_EQ(same_bits(batched.param_groups()[g].params[i], groups[g].params[i]), specs[g].params[i].frozen)
+          << groups[g].names[i];
+}
+
+TEST_F(OptimBanks, Dion3BatchedEqualsPerMatrixBitForBit) {
+  const auto bf16 = at::kBFloat16;
+  const std::vector<GroupSpec> specs = {
+      // Mixed bank 16x40 (two 2-D params + a 3-D stack), tall, square bank with a stack, a frozen
+      // param; cautious decay with a large wd so a wrong mask shows, lr scaled by fraction.
+      {Algorithm::Dion3,
+       {{{16, 40}}, {{16, 40}}, {{3, 16, 40}}, {{40, 16}}, {{24, 24}}, {{2, 24, 24}}, {{16, 40}, at::kFloat, true}},
+       [](GroupOptions& o) {
+         o.fraction = 0.3;
+         o.scale_lr_by_fraction = true;
+         o.cautious_weight_decay = true;
+         o.weight_decay = 2.0;
+       }},
+      // bf16 with fp32 master weights, in one bank with an fp32 param; Jordan lr rule.
+      {Algorithm::Dion3,
+       {{{16, 40}, bf16}, {{16, 40}}, {{20, 12}, bf16}, {{2, 20, 12}, bf16}},
+       [](GroupOptions& o) {
+         o.master_weights = true;
+         o.lr_adjust = orthopt::LrAdjust::Jordan;
+       }},
+      // bf16 params and state without master weights; weight decay 0.
+      {Algorithm::Dion3, {{{16, 40}, bf16}, {{16, 40}, bf16}, {{12, 20}, bf16}},
+       [](GroupOptions& o) { o.weight_decay = 0.0; }},
+      // fp64, every row selected (tall selections, transposed NS results).
+      {Algorithm::Dion3, {{{16, 40}, at::kDouble}, {{16, 40}, at::kDouble}, {{3, 16, 40}, at::kDouble},
+                          {{40, 16}, at::kDouble}},
+       [](GroupOptions& o) { o.fraction = 1.0; }},
+      // flatten (a 4-D weight as one matrix), single-param banks viewed in place, wd 0, rms_norm.
+      {Algorithm::Dion3, {{{6, 2, 3, 4}}, {{8, 24}}},
+       [](GroupOptions& o) {
+         o.ortho.flatten = true;
+         o.weight_decay = 0.0;
+         o.lr_adjust = orthopt::LrAdjust::RmsNorm;
+         o.fraction = 0.5;
+       }},
+  };
+  expect_batched_equals_reference(specs);
+}
+
+// Special weights under cautious decay: inf, NaN and -0 in selected and unselected rows take the
+// same path through decoupled_update_rows as through the full-size direction.
+TEST_F(OptimBanks, Dion3CautiousDecaySpecialValuesBitForBit) {
+  const std::vector<GroupSpec> specs = {
+      {Algorithm::Dion3, {{{16, 40}}, {{16, 40}}}, [](GroupOptions& o) {
+         o.cautious_weight_decay = true;
+         o.weight_decay = 0.5;
+       }}};
+  auto groups = make_groups(specs);
+  at::Tensor W = groups[0].params[0].detach();
+  for (int64_t r = 0; r < 16; r += 3) {  // about a third of the rows, so some get selected
+    W[r][0] = INFINITY;
+    W[r][1] = -0.0;
+    W[r][2] = NAN;
+    W[r][3] = -INFINITY;
+  }
+  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  for (int t = 0; t < 3; ++t) {
+    fill_grads(specs, {&batched, &reference}, t, false);
+    batched.step();
+    ReferencePath on;
+    reference.step();
+    ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
+  }
+}
+
+TEST_F(OptimBanks, NorMuonBatchedEqualsPerMatrixBitForBit) {
+  const auto bf16 = at::kBFloat16;
+  const std::vector<GroupSpec> specs = {
+      // Mixed bank, tall bank (transposed NS results), frozen param; Nesterov, cautious decay.
+      {Algorithm::NorMuon,
+       {{{16, 40}}, {{16, 40}}, {{3, 16, 40}}, {{40, 16}}, {{40, 16}}, {{24, 24}}, {{16, 40}, at::kFloat, true}},
+       [](GroupOptions& o) {
+         o.nesterov = true;
+         o.cautious_weight_decay = true;
+       }},
+      // fp64 with split_sizes (blocks orthogonalized alone, NorMuon over the whole matrix).
+      {Algorithm::NorMuon, {{{24, 20}, at::kDouble}, {{24, 20}, at::kDouble}, {{2, 24, 20}, at::kDouble}},
+       [](GroupOptions& o) {
+         o.ortho.split_sizes = {16, 8};
+         o.lr_adjust = orthopt::LrAdjust::Jordan;
+       }},
+      // bf16 with master weights in one bank with fp32; ema momentum.
+      {Algorithm::NorMuon, {{{16, 40}, bf16}, {{16, 40}}, {{40, 16}, bf16}},
+       [](GroupOptions& o) {
+         o.master_weights = true;
+         o.momentum_style = orthopt::MomentumStyle::Ema;
+       }},
+      // flatten, and bf16 without master weights.
+      {Algorithm::NorMuon, {{{6, 2, 3, 4}}, {{12, 20}, bf16}}, [](GroupOptions& o) { o.ortho.flatten = true; }},
+  };
+  expect_batched_equals_reference(specs);
+}
+
+}  // namespace
