@@ -19,6 +19,8 @@
 // differ in the last bit and the NS results by fp32 rounding (~1e-7 relative per step), far
 // inside the 1e-5 bound; wide matrices stay bit-identical. (Muon directions in the NS compute
 // dtype, bf16/fp16, widen to fp32 exactly in the update kernel, as the reference's cast does.)
+// Since Dion3 and NorMuon run per bank, batches differ between the two runs too: see the bound
+// of MatchesReferencePathToFp32Rounding.
 #include <gtest/gtest.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -269,7 +271,13 @@ void run_fused_vs_reference(bool fp32_ns, double ns_rel, const char* label) {
   EXPECT_EQ(fused.step_count(), 10);
 }
 
-TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) { run_fused_vs_reference(/*fp32_ns=*/true, 0.0, "fp32 NS"); }
+// NS-dependent tensors get 1e-4 of their movement here: the fused run orthogonalizes and
+// NorMuon-normalizes per bank (a [40,120] param stacked with a [2,40,120] one: batch 3), the
+// reference per shape (batches of 1 and 2), and cuBLAS and ATen's reductions pick kernels and
+// summation orders by size, so the fp32 results differ by rounding (≈1e-7 per operation, grown
+// by five NS iterations and NorMuon's division by the row RMS). Measured on an H200: 1.9e-5 of
+// the movement (a NorMuon param, step 0). Everything that does not depend on NS keeps 1e-5.
+TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) { run_fused_vs_reference(/*fp32_ns=*/true, 1e-4, "fp32 NS"); }
 
 // With the default NS dtypes the runs differ by the NS implementations (our bf16/fp16 product
 // kernels vs ATen's), each within its rounding noise of float64: up to 2.4e-2 relative on the
