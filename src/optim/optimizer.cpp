@@ -655,26 +655,31 @@ class OptimizerImpl {
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
-      const auto momenta = bank_state(g, b, "momentum");
-      std::vector<at::Tensor> grads;
-      for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
-      const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
-      const at::Tensor M = M_old + stack_bank(grads, b.rows, b.cols, b.dtype);
-      auto sel = optim_detail::dion3_select(M, o.fraction, o.momentum);
-      commit_bank(b, momenta, sel.momentum, M_old);
+      at::Tensor rows, selected;  // [B, k], [B, k, cols]
+      {  // (a scope, so the bank-sized momentum temporaries are freed before the weights' ones)
+        const auto momenta = bank_state(g, b, "momentum");
+        std::vector<at::Tensor> grads;
+        for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
+        const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
+        auto sel = optim_detail::dion3_select(M_old + stack_bank(grads, b.rows, b.cols, b.dtype), o.fraction,
+                                              o.momentum);
+        commit_bank(b, momenta, sel.momentum, M_old);
+        rows = sel.rows;
+        selected = sel.selected;
+      }
       // 4-5: orthogonalize the [B, k, cols] selection in one call, NorMuon on the selected rows.
-      const at::Tensor U = orthogonalize(sel.selected, batch_ortho_options(o.ortho));
+      const at::Tensor U = orthogonalize(selected, batch_ortho_options(o.ortho));
       const auto variances = bank_state(g, b, "variance");
       const at::Tensor V_old = stack_bank(variances, b.rows, 1, at::kFloat);
-      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, optim_detail::gather_rows(V_old, sel.rows),
+      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, optim_detail::gather_rows(V_old, rows),
                                                                 o.normuon_beta2, o.normuon_eps);
-      commit_bank(b, variances, optim_detail::scatter_rows(V_old, sel.rows, V_sel_new), V_old);
+      commit_bank(b, variances, optim_detail::scatter_rows(V_old, rows, V_sel_new), V_old);
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {  // the kernel reads a full-size direction: zeros outside the selection
         const at::Tensor D = optim_detail::scatter_rows(at::zeros({b.size(), b.rows, b.cols}, U_hat.options()),
-                                                        sel.rows, U_hat);
+                                                        rows, U_hat);
         for (size_t j = 0; j < b.params.size(); ++j) {
           add_weights(g, b.params[j], weights_k, copies_k);
           directions_k.push_back(b.slice(D, j).reshape(groups[g].params[b.params[j]].sizes()));
@@ -687,7 +692,7 @@ class OptimizerImpl {
       for (size_t i : b.params) storage.push_back(weight_storage(g, i));
       const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
       write_weights_bank(g, b,
-                         optim_detail::decoupled_update_rows(W_old, sel.rows, U_hat.to(b.dtype), lr, lr * factor,
+                         optim_detail::decoupled_update_rows(W_old, rows, U_hat.to(b.dtype), lr, lr * factor,
                                                              o.weight_decay, o.cautious_weight_decay),
                          W_old);
     }

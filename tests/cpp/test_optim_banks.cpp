@@ -6,7 +6,9 @@
 // tensor must be bit-identical after every step (compared as integers, so NaN and -0 count too):
 // the batched path performs the reference's operations on the same values, and on the CPU the
 // batched reductions (row L1 norms, row means, per-matrix Frobenius norms), topk, gather, scatter
-// and the Newton–Schulz products give each slice of a stack the bits they give it alone.
+// and the Newton–Schulz products give each slice of a stack the bits they give it alone. (One
+// exception, outside these small shapes: an fp64 norm of a lone matrix of more than 32768
+// elements is split across threads; docs/optimizers.md, "Batched Dion3 and NorMuon".)
 // (On a GPU the reduction kernels may split a reduction differently for a different number of
 // outputs; tests/gpu/test_gpu_fused.cpp bounds that case by fp32 rounding.)
 //
