@@ -8,7 +8,7 @@
 // keeps ldmatrix conflict-free (8 rows land on 8 distinct 16-byte bank groups).
 #include <cstdint>
 
-#include "internal.h"
+#include "sym_tiles.h"
 
 namespace orthopt_k {
 namespace {
@@ -22,19 +22,6 @@ constexpr int kEpiPitch = kBM + 1;   // fp32 epilogue tile pitch: row and column
 constexpr size_t kPipeBytes = size_t(kStages) * 2 * kBM * kPitch * 2;
 constexpr size_t kEpiBytes = size_t(kBM) * kEpiPitch * 4;
 constexpr size_t kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
-
-template <typename T>
-struct Elem;
-template <>
-struct Elem<__nv_bfloat16> {
-  static __device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-  static __device__ __nv_bfloat16 make(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Elem<__half> {
-  static __device__ float load(const __half* p) { return __half2float(*p); }
-  static __device__ __half make(float v) { return __float2half_rn(v); }
-};
 
 __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -89,11 +76,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   T* pipe = reinterpret_cast<T*>(smem);  // [stage][A|B][kBM][kPitch]
 
   // Which lower tile (ti >= tj) this CTA owns.
-  const int64_t idx = blockIdx.x;
-  int ti = static_cast<int>((sqrt(8.0 * static_cast<double>(idx) + 1.0) - 1.0) * 0.5);
-  while (static_cast<int64_t>(ti) * (ti + 1) / 2 > idx) --ti;
-  while (static_cast<int64_t>(ti + 1) * (ti + 2) / 2 <= idx) ++ti;
-  const int tj = static_cast<int>(idx - static_cast<int64_t>(ti) * (ti + 1) / 2);
+  int ti = 0, tj = 0;
+  lower_tile(blockIdx.x, &ti, &tj);
   const int row0 = ti * kBM, col0 = tj * kBM;
   const int64_t bz = blockIdx.y;
   A += bz * stride_a;
@@ -239,16 +223,7 @@ bool native_supported(int64_t k, const void* A, int64_t stride_a, const void* B,
     *why = "needs compute capability 8.0 or newer (mma.sync bf16/fp16)";
     return false;
   }
-  if (k % 8 != 0) {
-    *why = "needs k divisible by 8 (16-byte row chunks)";
-    return false;
-  }
-  if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0 || (stride_a % 8) != 0 ||
-      (stride_b % 8) != 0) {
-    *why = "needs 16-byte aligned A, B and batch strides";
-    return false;
-  }
-  return true;
+  return operands_in_16_byte_rows(k, A, stride_a, B, stride_b, why);
 }
 
 orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "internal.h"
+#include "sym_tiles.h"
 
 namespace orthopt_k {
 namespace {
@@ -35,19 +35,6 @@ constexpr size_t kEpiBytes = size_t(kBM) * kEpiPitch * 4;
 constexpr size_t kDataBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
 // + 1 KiB: the swizzled tiles need 1024-byte alignment, dynamic shared memory guarantees 16.
 constexpr size_t kSmemBytes = kDataBytes + 1024 + 2 * kStages * sizeof(uint64_t);
-
-template <typename T>
-struct Elem;
-template <>
-struct Elem<__nv_bfloat16> {
-  static __device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-  static __device__ __nv_bfloat16 make(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Elem<__half> {
-  static __device__ float load(const __half* p) { return __half2float(*p); }
-  static __device__ __half make(float v) { return __float2half_rn(v); }
-};
 
 // wgmma, TMA and mbarrier transaction counts exist only in sm_90a code; other targets (a build
 // for another GPU) get traps, and the host refuses to launch there (wgmma_supported).
@@ -112,48 +99,36 @@ __device__ __forceinline__ void wgmma_wait() {
 // scale_d = 0 ignores the old accumulator.
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int scale_d);
+// The two instantiations differ only in the operand type named in the instruction.
+#define ORTHOPT_WGMMA_M64N128K16(TYPE)                                                              \
+  ORTHOPT_SM90A_ASM(                                                                               \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                               \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, " \
+      "%64, %65, p, 1, 1, 0, 0;\n" \
+      "}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(da), "l"(db), "r"(scale_d))
+
 template <>
 __device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-  ORTHOPT_SM90A_ASM(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(scale_d));
+  ORTHOPT_WGMMA_M64N128K16("bf16");
 }
 template <>
 __device__ __forceinline__ void wgmma_m64n128k16<__half>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-  ORTHOPT_SM90A_ASM(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(scale_d));
+  ORTHOPT_WGMMA_M64N128K16("f16");
 }
+#undef ORTHOPT_WGMMA_M64N128K16
 
 // Stores out[0..1] at p[0..1] where wrote[q]; one 4-byte store when both are written and p is
 // 4-byte aligned.
@@ -179,11 +154,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint64_t* empty = full + kStages;
 
   // Which lower tile (ti >= tj) this CTA owns.
-  const int64_t idx = blockIdx.x;
-  int ti = static_cast<int>((sqrt(8.0 * static_cast<double>(idx) + 1.0) - 1.0) * 0.5);
-  while (static_cast<int64_t>(ti) * (ti + 1) / 2 > idx) --ti;
-  while (static_cast<int64_t>(ti + 1) * (ti + 2) / 2 <= idx) ++ti;
-  const int tj = static_cast<int>(idx - static_cast<int64_t>(ti) * (ti + 1) / 2);
+  int ti = 0, tj = 0;
+  lower_tile(blockIdx.x, &ti, &tj);
   const int row0 = ti * kBM, col0 = tj * kBM;
   const int z = blockIdx.y;
   D += static_cast<int64_t>(z) * stride_d;
@@ -373,16 +345,7 @@ bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, 
     *why = "was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)";
     return false;
   }
-  if (k % 8 != 0) {
-    *why = "needs k divisible by 8 (TMA: 16-byte row pitch)";
-    return false;
-  }
-  if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0 || (stride_a % 8) != 0 ||
-      (stride_b % 8) != 0) {
-    *why = "needs 16-byte aligned A, B and batch strides";
-    return false;
-  }
-  return true;
+  return operands_in_16_byte_rows(k, A, stride_a, B, stride_b, why);
 }
 
 orthopt_status sym_abt_wgmma(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
