@@ -12,6 +12,11 @@ void init_runtime();
 // Number of hardware threads available to this process.
 int available_cores();
 
+// Whether orthopt's GPU fast paths are on: the CUDA kernels (products, multi-tensor step,
+// scale_cast) and the per-bank Dion3/NorMuon step. ORTHOPT_GPU_KERNELS=0 switches them all off,
+// leaving the ATen reference paths; read at each call, so a test can compare both in one process.
+bool gpu_kernels_enabled();
+
 // File name of the loaded object (executable or shared library) that holds `address`, or
 // "unknown".
 std::string shared_object_of(const void* address);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -33,6 +34,11 @@ void init_runtime() {
     }
   }
   at::set_num_threads(threads);
+}
+
+bool gpu_kernels_enabled() {
+  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
+  return !(env && std::strcmp(env, "0") == 0);
 }
 
 std::string shared_object_of(const void* address) {

@@ -4,10 +4,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 
+#include "orthopt/runtime.h"
 #include "orthopt_kernels.h"
 
 namespace orthopt::cuda {
@@ -115,8 +114,7 @@ void bump_versions(const std::vector<at::Tensor>& written) {
 bool multi_tensor_handles(const at::Tensor& t) {
   if (!t.defined() || !t.is_cuda() || !supported_dtype(t.scalar_type()) || !t.is_contiguous() || t.numel() == 0)
     return false;
-  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
-  return !(env && std::strcmp(env, "0") == 0);
+  return gpu_kernels_enabled();
 }
 
 void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,

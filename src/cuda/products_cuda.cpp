@@ -4,10 +4,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
+#include "orthopt/runtime.h"
 #include "orthopt_kernels.h"
 
 namespace orthopt::cuda {
@@ -29,12 +28,6 @@ void check_status(orthopt_status st, const char* fn) {
   TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
 }
 
-// Routing switched off by ORTHOPT_GPU_KERNELS=0 (read at each call).
-bool kernels_enabled() {
-  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
-  return !(env && std::strcmp(env, "0") == 0);
-}
-
 bool elementwise_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
 orthopt_dtype elementwise_kernel_dtype(at::ScalarType t) {
@@ -45,13 +38,13 @@ orthopt_dtype elementwise_kernel_dtype(at::ScalarType t) {
 
 bool handles(const at::Tensor& t) {
   if (!t.is_cuda() || (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf)) return false;
-  return kernels_enabled();
+  return gpu_kernels_enabled();
 }
 
 bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype) {
   if (!in.defined() || !in.is_cuda() || !elementwise_dtype(in.scalar_type()) || !elementwise_dtype(out_dtype))
     return false;
-  return kernels_enabled();
+  return gpu_kernels_enabled();
 }
 
 at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha, const at::Tensor& C_in, double beta,

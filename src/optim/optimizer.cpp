@@ -20,6 +20,7 @@
 // stays the path for CPU, fp64, Dion and ORTHOPT_GPU_KERNELS=0. Dion3 writes its weights
 // through the same multi-tensor update kernel there.
 #include "orthopt/optim.h"
+#include "orthopt/runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -260,11 +261,6 @@ int64_t leading_count(const std::vector<int64_t>& msz) {
   return n;
 }
 
-bool env_is(const char* name, const char* value) {
-  const char* env = std::getenv(name);
-  return env && std::strcmp(env, value) == 0;
-}
-
 // Whether Dion3 and NorMuon's row statistics run per bank (below) on `device`, or per matrix
 // (the reference path). Banks by default, except on the CPU: there nothing is launch-bound, and
 // the large stacked temporaries are what glibc's malloc hands back to the OS after each step,
@@ -273,8 +269,9 @@ bool env_is(const char* name, const char* value) {
 // ATen path instead of the CUDA kernels), ORTHOPT_CPU_BANKS=1 the banks on the CPU too (tests,
 // benchmarks). Read at each step, so a test can compare the paths in one process.
 bool use_banks(c10::Device device) {
-  if (env_is("ORTHOPT_GPU_KERNELS", "0")) return false;
-  return !device.is_cpu() || env_is("ORTHOPT_CPU_BANKS", "1");
+  if (!gpu_kernels_enabled()) return false;
+  const char* cpu_banks = std::getenv("ORTHOPT_CPU_BANKS");
+  return !device.is_cpu() || (cpu_banks && std::strcmp(cpu_banks, "1") == 0);
 }
 
 // Same-shaped matrices of a group's active params, processed as one [B, rows, cols] stack: a
