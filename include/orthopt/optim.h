@@ -123,6 +123,10 @@ class Optimizer {
   //   lion: exp_avg | any, with master weights: master (fp32).
   using StateDict = std::map<std::string, at::Tensor>;
   const StateDict& param_state(size_t group, size_t index) const;
+  // Counts the times state tensors were replaced by others (load_param_states, and the first
+  // Dion3 step on a GPU, which moves a bank's momenta into one buffer and leaves each param's
+  // momentum a view of it). Whoever keeps references to state tensors re-reads them on a change.
+  int64_t state_version() const;
   // Replaces the state of every parameter (outer index: group, inner: param; an empty map
   // leaves a parameter without state). Validates names and shapes of everything first and
   // throws without changing anything on a mismatch; values are copied (cast to the state's

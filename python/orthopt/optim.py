@@ -152,7 +152,12 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
                 self._synced[g] = opts
 
     def _alias_state(self):
-        """Makes self.state[p] the live C++ state tensors (created lazily by C++)."""
+        """Makes self.state[p] the live C++ state tensors (created lazily by C++; replaced when
+        C++ moves them, e.g. Dion3's first GPU step puts a bank's momenta into one buffer)."""
+        version = self._cpp.state_version
+        if version != getattr(self, "_state_version", version):
+            self.state = defaultdict(dict)
+        self._state_version = version
         for g, group in enumerate(self.param_groups):
             for i, p in enumerate(group["params"]):
                 if not self.state.get(p):

@@ -135,7 +135,8 @@ void register_optim(py::module_& m) {
       .def_property_readonly("lr_scale", &orthopt::Optimizer::lr_scale)
       .def_property_readonly("skip_factor", &orthopt::Optimizer::skip_factor)
       .def_property_readonly("step_count", &orthopt::Optimizer::step_count)
-      .def_property_readonly("state_bytes", &orthopt::Optimizer::state_bytes);
+      .def_property_readonly("state_bytes", &orthopt::Optimizer::state_bytes)
+      .def_property_readonly("state_version", &orthopt::Optimizer::state_version);
   m.def("optimizer_option_keys", &option_keys, "Option keys a param group dict may carry.");
   m.def(
       "route_slots",

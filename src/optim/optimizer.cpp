@@ -343,6 +343,7 @@ class OptimizerImpl {
   } q_cache;
   at::Tensor lr_scale, skip_factor, steps;    // 0-d on the device; steps counts taken steps
   bool skip_active = false;                   // set_skip_factor was called at least once
+  int64_t state_version = 0;                  // see Optimizer::state_version()
   at::Tensor keep;                            // skip_factor != 0, valid during step()
 
   explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
@@ -524,6 +525,35 @@ class OptimizerImpl {
     return out;
   }
 
+  // The state `name` of a bank's params as one [B, rows, cols] tensor whose slices ARE those
+  // state tensors, so a step updates them in place: no stacking copy before and no copy back
+  // per param after (for Dion3 on a large model these two copies were a third of the step).
+  // When they are not yet consecutive in one buffer (first step, after load_param_states(), a
+  // changed set of active params) they are moved into a new one and each param's state becomes
+  // its view (state_version counts such moves). Undefined where a state tensor's dtype is not
+  // the bank's work dtype: the caller then stacks.
+  at::Tensor owned_bank(size_t g, const Bank& b, const char* name) {
+    const auto ts = bank_state(g, b, name);
+    for (const auto& t : ts)
+      if (t.scalar_type() != b.dtype) return {};
+    const int64_t per_matrix = b.rows * b.cols;
+    const at::Tensor& first = ts[0];
+    bool consecutive = true;
+    for (size_t j = 0; j < ts.size() && consecutive; ++j)
+      consecutive = ts[j].is_contiguous() && ts[j].is_alias_of(first) &&
+                    ts[j].storage_offset() == first.storage_offset() + b.offsets[j] * per_matrix;
+    if (consecutive)
+      return first.as_strided({b.size(), b.rows, b.cols}, {per_matrix, b.cols, 1}, first.storage_offset());
+    at::Tensor buffer = at::empty({b.size(), b.rows, b.cols}, first.options());
+    for (size_t j = 0; j < ts.size(); ++j) {
+      at::Tensor view = b.slice(buffer, j).view(ts[j].sizes());
+      view.copy_(ts[j]);
+      state[g][b.params[j]][name] = view;
+    }
+    ++state_version;
+    return buffer;
+  }
+
   // The options of the optimizers' orthogonalize() calls.
   static OrthoOptions batch_ortho_options(const OrthoOptions& opt) {
     OrthoOptions o = opt;
@@ -647,16 +677,29 @@ class OptimizerImpl {
     // The weights through the multi-tensor update kernel (decay, step, master copy and skip gate
     // in a few launches for the whole group) where it takes every tensor.
     const bool kernels = fused(g, idx);
-    std::vector<at::Tensor> weights_k, copies_k, directions_k;
-    std::vector<double> factors_k;
+    std::vector<at::Tensor> weights_k, copies_k;  // every weight: the decay
+    std::vector<at::Tensor> selected_w, selected_d, scatter_index;  // the selected rows' step
+    std::vector<double> selected_factors;
+    std::vector<size_t> selected_params;
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
       at::Tensor rows, selected;  // [B, k], [B, k, cols]
-      {  // (a scope, so the bank-sized momentum temporaries are freed before the weights' ones)
+      std::vector<at::Tensor> grads;
+      for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
+      if (const at::Tensor M = owned_bank(g, b, "momentum"); M.defined()) {
+        // In place on the bank's momenta: the same values as the stacking path below. A skipped
+        // step adds -0.0 (x + -0.0 is x, bit for bit, also for -0.0) and scatters the rows back
+        // unchanged.
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
+          b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
+        }
+        rows = optim_detail::dion3_rows(M, o.fraction);
+        selected = optim_detail::gather_rows(M, rows);
+        M.scatter_(-2, rows.unsqueeze(-1).expand(selected.sizes()), gated(selected * o.momentum, selected));
+      } else {  // (a scope, so the bank-sized momentum temporaries are freed before the weights' ones)
         const auto momenta = bank_state(g, b, "momentum");
-        std::vector<at::Tensor> grads;
-        for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
         const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
         auto sel = optim_detail::dion3_select(M_old + stack_bank(grads, b.rows, b.cols, b.dtype), o.fraction,
                                               o.momentum);
@@ -674,13 +717,22 @@ class OptimizerImpl {
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
-      if (kernels) {  // the kernel reads a full-size direction: zeros outside the selection
-        const at::Tensor D = optim_detail::scatter_rows(at::zeros({b.size(), b.rows, b.cols}, U_hat.options()),
-                                                        rows, U_hat);
+      if (kernels) {
+        // The update with a direction that is zero outside the selection, without that
+        // full-size direction: the selected rows are gathered out of the weights (before the
+        // decay below runs), stepped by the update kernel on the copy, and scattered back after
+        // the decay-only kernel has run over every weight. Same kernel arithmetic, same bits.
+        const at::Tensor D = U_hat.contiguous();
         for (size_t j = 0; j < b.params.size(); ++j) {
-          add_weights(g, b.params[j], weights_k, copies_k);
-          directions_k.push_back(b.slice(D, j).reshape(groups[g].params[b.params[j]].sizes()));
-          factors_k.push_back(factor);
+          const size_t i = b.params[j];
+          const at::Tensor rows_j = b.slice(rows, j);
+          const at::Tensor index = rows_j.unsqueeze(-1).expand({rows_j.size(0), rows_j.size(1), b.cols});
+          selected_w.push_back(weight_storage(g, i).view({-1, b.rows, b.cols}).gather(-2, index));
+          selected_d.push_back(b.slice(D, j));
+          selected_factors.push_back(factor);
+          selected_params.push_back(i);
+          scatter_index.push_back(index);
+          add_weights(g, i, weights_k, copies_k);
         }
         continue;
       }
@@ -694,9 +746,22 @@ class OptimizerImpl {
                          W_old);
     }
 #ifdef ORTHOPT_WITH_CUDA
-    if (kernels)
-      cuda::update(weights_k, directions_k, copies_k, factors_k, lr, o.weight_decay, o.cautious_weight_decay,
+    if (kernels) {
+      cuda::update(selected_w, selected_d, {}, selected_factors, lr, o.weight_decay, o.cautious_weight_decay,
                    keep_flag());
+      cuda::update(weights_k, {}, copies_k, std::vector<double>(weights_k.size(), 1.0), lr, o.weight_decay,
+                   o.cautious_weight_decay, keep_flag());
+      for (size_t k = 0; k < selected_params.size(); ++k) {
+        const size_t i = selected_params[k];
+        const at::Tensor& index = scatter_index[k];
+        const std::vector<int64_t> shape = {index.size(0), -1, index.size(2)};
+        weight_storage(g, i).view(shape).scatter_(-2, index, selected_w[k]);
+        if (uses_master(groups[g].params[i], o)) {  // the parameter's copy of those rows
+          at::Tensor p = groups[g].params[i].detach();
+          p.view(shape).scatter_(-2, index, selected_w[k].to(p.scalar_type()));
+        }
+      }
+    }
 #endif
   }
 
@@ -1038,6 +1103,7 @@ void Optimizer::set_skip_factor(const at::Tensor& factor) {
 const at::Tensor& Optimizer::lr_scale() const { return impl_->lr_scale; }
 const at::Tensor& Optimizer::skip_factor() const { return impl_->skip_factor; }
 bool Optimizer::skip_gating() const { return impl_->skip_active; }
+int64_t Optimizer::state_version() const { return impl_->state_version; }
 int64_t Optimizer::step_count() const { return impl_->steps.item<int64_t>(); }
 
 int64_t Optimizer::state_bytes() const {
@@ -1060,6 +1126,7 @@ void Optimizer::load_param_states(const std::vector<std::vector<StateDict>>& sta
   for (size_t g = 0; g < prepared.size(); ++g)
     for (size_t i = 0; i < prepared[g].size(); ++i) {
       impl_->state[g][i] = std::move(prepared[g][i]);
+      ++impl_->state_version;
       // Master weights are the truth for the parameter.
       auto it = impl_->state[g][i].find("master");
       if (it != impl_->state[g][i].end()) impl_->groups[g].params[i].detach().copy_(it->second);
@@ -1100,7 +1167,10 @@ void Optimizer::save(torch::serialize::OutputArchive& archive) const {
       std::string names;
       for (const auto& [name, t] : impl.state[g][i]) {
         names += (names.empty() ? "" : ",") + name;
-        archive.write(key(g, i, "s_" + name), t.detach().cpu(), true);
+        // A view into a bank's buffer (owned_bank) would serialize the whole buffer: its own copy.
+        at::Tensor c = t.detach().cpu();
+        if (c.storage().nbytes() != static_cast<size_t>(c.numel()) * c.element_size()) c = c.clone();
+        archive.write(key(g, i, "s_" + name), c, true);
       }
       archive.write(key(g, i, "state_names"), c10::IValue(names));
     }

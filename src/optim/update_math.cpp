@@ -105,11 +105,16 @@ at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::T
   return X.scatter(-2, rows.unsqueeze(-1).expand(sizes), values.to(X.scalar_type()));
 }
 
+at::Tensor dion3_rows(const at::Tensor& M, double fraction) {
+  const int64_t k = dion3_rank(fraction, M.size(-2));
+  // Row L1 norms [..., rows] as one reduction (no |M| temporary: M is the size of the weights).
+  const at::Tensor scores = at::linalg_vector_norm(M, 1, at::IntArrayRef{-1});
+  return std::get<1>(at::topk(scores, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true));
+}
+
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu) {
   Dion3Selection s;
-  const int64_t k = dion3_rank(fraction, M.size(-2));
-  at::Tensor scores = M.abs().sum(-1);  // row L1 norms [..., rows]
-  s.rows = std::get<1>(at::topk(scores, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true));
+  s.rows = dion3_rows(M, fraction);
   s.selected = gather_rows(M, s.rows);
   // Error feedback on exactly the selected rows; the others keep accumulating.
   s.momentum = scatter_rows(M, s.rows, s.selected * mu);

@@ -63,6 +63,8 @@ struct Dion3Selection {
   at::Tensor momentum;      // M with M[S] ← μ·M[S]
 };
 int64_t dion3_rank(double fraction, int64_t rows);  // k = max(1, ceil(f·rows))
+// Indices [..., k] of the k rows of M with the largest L1 norms (sorted, largest first).
+at::Tensor dion3_rows(const at::Tensor& M, double fraction);
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu);
 // Gathers/scatters rows along dim -2 by indices [..., k].
 at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows);

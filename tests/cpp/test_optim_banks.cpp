@@ -277,4 +277,62 @@ TEST_F(OptimBanks, NorMuonBatchedEqualsPerMatrixBitForBit) {
   expect_batched_equals_reference(specs);
 }
 
+// The per-bank Dion3 step keeps a bank's momenta in one buffer and updates it in place: after the
+// first step each param's momentum is a view of that buffer (state_version counts the move once),
+// later steps neither move nor copy it; the in-place path still equals the reference bit for bit
+// after load_param_states() (the loaded tensors are moved into a new buffer on the next step), and
+// a saved view holds only its own elements.
+TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
+  const std::vector<GroupSpec> specs = {{Algorithm::Dion3, {{{16, 40}}, {{16, 40}}, {{3, 16, 40}}, {{24, 24}}}, {}}};
+  const auto groups = make_groups(specs);
+  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  auto step_both = [&](int t) {
+    fill_grads(specs, {&batched, &reference}, t, false);
+    batched.step();
+    ReferencePath on;
+    reference.step();
+    ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
+  };
+  EXPECT_EQ(batched.state_version(), 0);
+  step_both(0);
+  const int64_t version = batched.state_version();
+  EXPECT_EQ(version, 1) << "one bank of three 16x40 params moved into one buffer (the 24x24 bank has one "
+                           "param, already consecutive)";
+  const at::Tensor m0 = batched.param_state(0, 0).at("momentum"), m2 = batched.param_state(0, 2).at("momentum");
+  EXPECT_TRUE(m0.is_alias_of(m2));
+  EXPECT_EQ(m2.storage_offset() - m0.storage_offset(), 2 * 16 * 40);
+  const void* live = m0.data_ptr();
+  step_both(1);
+  step_both(2);
+  EXPECT_EQ(batched.state_version(), version) << "later steps must not move the momenta";
+  EXPECT_EQ(batched.param_state(0, 0).at("momentum").data_ptr(), live);
+
+  // A checkpoint round trip: views are saved as their own elements, and the in-place path
+  // continues from loaded (separate) tensors exactly like the reference.
+  std::stringstream buffer;
+  {
+    torch::serialize::OutputArchive archive;
+    batched.save(archive);
+    archive.save_to(buffer);
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(buffer);
+  Optimizer restored(copy_groups(batched.param_groups()));
+  restored.load(archive);
+  for (size_t i = 0; i < 4; ++i) {
+    const at::Tensor m = restored.param_state(0, i).at("momentum");
+    EXPECT_EQ(m.storage().nbytes(), static_cast<size_t>(m.numel()) * m.element_size()) << "param " << i;
+    EXPECT_TRUE(same_bits(m, batched.param_state(0, i).at("momentum"))) << "param " << i;
+  }
+  const int64_t loaded = restored.state_version();
+  for (int t = 3; t < 5; ++t) {
+    fill_grads(specs, {&restored, &reference}, t, false);
+    restored.step();
+    ReferencePath on;
+    reference.step();
+    ASSERT_EQ(first_difference(snapshot(restored), snapshot(reference)), "") << "after load, step " << t;
+  }
+  EXPECT_EQ(restored.state_version(), loaded + 1) << "the loaded momenta move into one buffer once";
+}
+
 }  // namespace

@@ -143,6 +143,38 @@ def test_state_dict_round_trip_continues_bit_identically(cls):
             assert torch.equal(opt_a.state[p][k], opt_b.state[q][k]), k
 
 
+def test_dion3_banked_state_is_live_and_round_trips(monkeypatch):
+    """Dion3 per bank (the GPU default; ORTHOPT_CPU_BANKS=1 here) moves a bank's momenta into one
+    buffer on its first step: opt.state must follow (the live tensors, not the pre-move ones),
+    and a state_dict round trip must continue bit-identically."""
+    monkeypatch.setenv("ORTHOPT_CPU_BANKS", "1")
+
+    def factory(ps):
+        return orthopt.Dion3(ps, lr=0.02)
+
+    a = make_params([(12, 20), (12, 20), (12, 20)], seed=6, dtype=torch.float32)
+    opt_a = _run(factory, a, 2)
+    for g, p in enumerate(a):
+        live = opt_a._cpp.param_state(0, g)["momentum"]
+        assert opt_a.state[p]["momentum"].data_ptr() == live.data_ptr()
+    m0, m2 = opt_a.state[a[0]]["momentum"], opt_a.state[a[2]]["momentum"]
+    assert m2.data_ptr() - m0.data_ptr() == 2 * m0.numel() * m0.element_size()  # one buffer
+    before = opt_a.state[a[1]]["momentum"].clone()
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    b = [p.detach().clone().requires_grad_() for p in a]
+    opt_b = factory(b)
+    buf.seek(0)
+    opt_b.load_state_dict(torch.load(buf))
+    _run(factory, a, 2, start=2, opt=opt_a)
+    _run(factory, b, 2, start=2, opt=opt_b)
+    assert not torch.equal(opt_a.state[a[1]]["momentum"], before)  # opt.state shows the steps
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+        for k in opt_a.state[p]:
+            assert torch.equal(opt_a.state[p][k], opt_b.state[q][k]), k
+
+
 def test_load_state_dict_mismatch_raises_and_changes_nothing():
     a = make_params([(12, 20)], seed=4, dtype=torch.float32)
     opt_a = _run(lambda ps: orthopt.Muon(ps), a, 1)
