@@ -96,7 +96,7 @@ orthopt_status orthopt_scale_cast(int64_t batch, int64_t rows, int64_t cols, con
 
 /* Muon momentum: M ← μ·M + w·G (w = grad_weight: 1 for accumulate, 1 − μ for ema) and the
  * orthogonalization input out = w·G + μ·M_new (nesterov) or M_new, written in out_dtype
- * (e.g. straight into a stacked batch buffer). */
+ * (e.g. straight into a stacked batch buffer); out == NULL: no output (Dion3's M ← M + G). */
 orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void* const* momentum,
                                       orthopt_dtype momentum_dtype, const void* const* grad,
                                       orthopt_dtype grad_dtype, void* const* out, orthopt_dtype out_dtype,

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constan
       const float wg = __fmul_rn(g[r], a.grad_weight);
       const float m_new = __fadd_rn(__fmul_rn(m[r], a.mu), wg);
       store(M, e, a.momentum_dtype, m_new);
-      store(out, e, a.out_dtype, a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new);
+      if (out) store(out, e, a.out_dtype, a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new);
     }
   }
 }
@@ -359,7 +359,8 @@ extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* n
   if (count == 0) return ORTHOPT_OK;
   ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
   ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
+  if (out) ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
+  else out_dtype = ORTHOPT_FP32;  // never written
   const MomentumArgs args{static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0,
                           momentum_dtype, grad_dtype, out_dtype, keep};
   return for_each_table<3>(count, numel, {momentum, grad, out}, nullptr,

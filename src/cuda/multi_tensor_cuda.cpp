@@ -121,7 +121,7 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
               const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
               const at::Tensor& keep) {
   const char* fn = "orthopt::cuda::momentum";
-  const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}, {&outs, "outs"}};
+  const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}, {&outs, "outs", /*optional=*/true}};
   const auto groups = by_dtypes(lists, fn);
   if (momenta.empty()) return;
   const at::Device device = momenta[0].device();
@@ -133,7 +133,8 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
     auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx);
     check_status(orthopt_multi_momentum(static_cast<int64_t>(idx.size()), numel.data(), M.data(),
                                         static_cast<orthopt_dtype>(dt[0]), G.data(), static_cast<orthopt_dtype>(dt[1]),
-                                        O.data(), static_cast<orthopt_dtype>(dt[2]), mu, grad_weight, nesterov ? 1 : 0,
+                                        data_or_null(O), dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]),
+                                        mu, grad_weight, nesterov ? 1 : 0,
                                         keep_ptr, stream),
                  "orthopt_multi_momentum");
   }

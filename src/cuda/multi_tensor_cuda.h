@@ -21,7 +21,7 @@ namespace orthopt::cuda {
 // call, like handles(), so a test can compare with the reference path in one process).
 bool multi_tensor_handles(const at::Tensor& t);
 
-// M ← μ·M + w·G; out = nesterov ? w·G + μ·M_new : M_new (in out's dtype).
+// M ← μ·M + w·G; out = nesterov ? w·G + μ·M_new : M_new (in out's dtype; `outs` empty: none).
 void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
               const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
               const at::Tensor& keep);

@@ -691,10 +691,17 @@ class OptimizerImpl {
         // In place on the bank's momenta: the same values as the stacking path below. A skipped
         // step adds -0.0 (x + -0.0 is x, bit for bit, also for -0.0) and scatters the rows back
         // unchanged.
-        for (size_t j = 0; j < b.params.size(); ++j) {
-          const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
-          b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
-        }
+#ifdef ORTHOPT_WITH_CUDA
+        if (kernels) {  // one launch for the bank: 1·M + 1·G is M + G exactly, skip gate in the kernel
+          std::vector<at::Tensor> momenta;
+          for (size_t j = 0; j < b.params.size(); ++j) momenta.push_back(b.slice(M, j).view(grads[j].sizes()));
+          cuda::momentum(momenta, grads, {}, 1.0, 1.0, /*nesterov=*/false, keep_flag());
+        } else
+#endif
+          for (size_t j = 0; j < b.params.size(); ++j) {
+            const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
+            b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
+          }
         rows = optim_detail::dion3_rows(M, o.fraction);
         selected = optim_detail::gather_rows(M, rows);
         M.scatter_(-2, rows.unsqueeze(-1).expand(selected.sizes()), gated(selected * o.momentum, selected));

@@ -371,8 +371,9 @@ std::string dts(std::initializer_list<std::pair<const char*, orthopt_dtype>> l) 
   return s;
 }
 
+// no_out: out == NULL (M ← μ·M + w·G only; the poisoned out buffers must stay untouched).
 void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt_dtype dg, orthopt_dtype dout,
-                    bool nesterov, bool ema, int keep_mode, std::mt19937& rng) {
+                    bool nesterov, bool ema, int keep_mode, std::mt19937& rng, bool no_out = false) {
   const double mu = 0.95, w = ema ? 1.0 - mu : 1.0;
   List M(dm, numel), G(dg, numel), O(dout, numel);
   M.fill(rng, 1.0);
@@ -385,12 +386,13 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
   const Keep keep(keep_mode);
   auto pm = M.ptrs(), pg = G.ptrs(), po = O.ptrs();
   const orthopt_status st = orthopt_multi_momentum(static_cast<int64_t>(numel.size()), numel.data(), pm.data(), dm,
-                                                   pg.data(), dg, po.data(), dout, mu, w, nesterov, keep.ptr(), nullptr);
+                                                   pg.data(), dg, no_out ? nullptr : po.data(), dout, mu, w, nesterov,
+                                                   keep.ptr(), nullptr);
   if (call_failed(st, "multi momentum")) return;
   M.download();
   O.download();
   const std::string config = dts({{"M", dm}, {"G", dg}, {"out", dout}}) + (nesterov ? "nesterov " : "") +
-                             (ema ? "ema " : "") + keep_name(keep_mode);
+                             (ema ? "ema " : "") + (no_out ? "out=NULL " : "") + keep_name(keep_mode);
   if (keep_mode == 2) {
     report(M.bytes == M0 && O.bytes == O0, "momentum", config, numel, 0.0, true);
     return;
@@ -401,11 +403,12 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
       const double m = decode(M0, dm, e), g = G.get(e);
       const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
       worst.add(M.get(e), m_ref, unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm));
+      if (no_out) continue;
       const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
       const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
       worst.add(O.get(e), o_ref, unit(dout) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dout));
     }
-  const bool gaps = M.gaps_unchanged(M0) && O.gaps_unchanged(O0);
+  const bool gaps = M.gaps_unchanged(M0) && O.gaps_unchanged(O0) && (!no_out || O.bytes == O0);
   report(worst.value <= 1.0 && gaps, "momentum", config, numel, worst.value, gaps);
 }
 
@@ -430,8 +433,9 @@ void check_copy(const List& P, const List& W, int64_t e, double w_ref, double to
   }
 }
 
+// no_direction: direction == NULL, the decay alone (the reference with D = 0).
 void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
-                  bool cautious, double wd, int keep_mode, std::mt19937& rng) {
+                  bool cautious, double wd, int keep_mode, std::mt19937& rng, bool no_direction = false) {
   const double lr = 0.037;
   List W(dw, numel), D(dd, numel), P(dp, numel);
   W.fill(rng, 0.5);
@@ -447,14 +451,15 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
   const Keep keep(keep_mode);
   auto pw = W.ptrs(), pd = D.ptrs(), pp = P.ptrs();
   const orthopt_status st =
-      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd,
+      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw,
+                           no_direction ? nullptr : pd.data(), dd,
                            copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
   if (call_failed(st, "multi update")) return;
   W.download();
   P.download();
   const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
                              (cautious ? "cautious " : "") + "wd=" + std::to_string(wd).substr(0, 4) + " " +
-                             keep_name(keep_mode);
+                             (no_direction ? "D=NULL " : "") + keep_name(keep_mode);
   if (keep_mode == 2) {
     report(W.bytes == W0 && P.bytes == P0, "update", config, numel, 0.0, true);
     return;
@@ -462,7 +467,7 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
   Worst worst;
   for (size_t i = 0; i < numel.size(); ++i)
     for (int64_t e = W.offset[i]; e < W.offset[i] + numel[i]; ++e) {
-      const double w = decode(W0, dw, e), d = D.get(e);
+      const double w = decode(W0, dw, e), d = no_direction ? 0.0 : D.get(e);
       const double ref = decoupled_ref(w, d, lr, wd, factor[i], cautious);
       const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor[i] * std::fabs(d)) + floor_of(dw);
       worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
@@ -689,6 +694,9 @@ void check_multi(bool quick, std::mt19937& rng) {
     check_update(sz, F32, B16, true, B16, true, 0.1, 1, rng);
     check_update(sz, B16, F16, false, F32, false, 0.0, 0, rng);
     check_update(sz, F32, F32, true, F16, true, 0.05, 0, rng);
+    check_update(sz, F32, F32, true, B16, true, 0.1, 1, rng, /*no_direction=*/true);  // Dion3's decay
+    check_update(sz, F32, B16, false, F32, false, 0.1, 0, rng, /*no_direction=*/true);
+    check_momentum(sz, F32, B16, F32, false, false, 1, rng, /*no_out=*/true);  // Dion3's M ← M + G
     check_adamw(sz, F32, F32, F32, false, F32, false, 0.01, 0, rng);
     check_adamw(sz, B16, F32, F32, true, B16, true, 0.1, 1, rng);
     check_adamw(sz, B16, B16, B16, false, F32, false, 0.0, 0, rng);
@@ -699,6 +707,7 @@ void check_multi(bool quick, std::mt19937& rng) {
   for (const auto& sz : {sizes_basic(), sizes_many(150)}) {  // skip: nothing written, NaN gradients too
     check_momentum(sz, F32, F32, B16, true, false, 2, rng);
     check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng);
+    check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng, /*no_direction=*/true);
     check_adamw(sz, F32, F32, F32, true, B16, true, 0.1, 2, rng);
     check_lion(sz, F32, F32, F32, true, B16, false, 0.1, 2, rng);
   }
