@@ -1,6 +1,7 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
+[--algos=muon,dion3] [--top=N]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
 top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch."""
@@ -39,7 +40,9 @@ def groups_for(algo, mats, others):
 def main():
     torch.manual_seed(0)
     sets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gpt2", "llama"]
-    algos = ["muon", "normuon", "dion3"]
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    algos = flags.get("algos", "muon,normuon,dion3").split(",")
+    top = int(flags.get("top", "14"))
     for name in sets:
         mats, others = param_set(name)
         for algo in algos:
@@ -66,7 +69,7 @@ def main():
             for c, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
                 print(f"  {c:<28} {t:8.3f} ms  {100 * t / max(total, 1e-9):5.1f}%")
             print("  top kernels (ms/step, launches/step, name):")
-            for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:14]:
+            for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
                 print(f"    {t:8.3f} {n / STEPS:6.0f}  {kname[:110]}")
             del opt
             torch.cuda.empty_cache()
