@@ -525,26 +525,27 @@ class OptimizerImpl {
     return out;
   }
 
-  // The state `name` of a bank's params as one [B, rows, cols] tensor whose slices ARE those
-  // state tensors, so a step updates them in place: no stacking copy before and no copy back
-  // per param after (for Dion3 on a large model these two copies were a third of the step).
+  // The state `name` of a bank's params (each its matrices as rows×cols: the momentum
+  // cols = b.cols, the variance 1) as one [B, rows, cols] tensor whose slices ARE those state
+  // tensors, so a step updates them in place: no stacking copy before and no copy back per
+  // param after (for Dion3 on a large model these two copies were a third of the step).
   // When they are not yet consecutive in one buffer (first step, after load_param_states(), a
   // changed set of active params) they are moved into a new one and each param's state becomes
   // its view (state_version counts such moves). Undefined where a state tensor's dtype is not
-  // the bank's work dtype: the caller then stacks.
-  at::Tensor owned_bank(size_t g, const Bank& b, const char* name) {
+  // `dtype`: the caller then stacks.
+  at::Tensor owned_bank(size_t g, const Bank& b, const char* name, int64_t cols, at::ScalarType dtype) {
     const auto ts = bank_state(g, b, name);
     for (const auto& t : ts)
-      if (t.scalar_type() != b.dtype) return {};
-    const int64_t per_matrix = b.rows * b.cols;
+      if (t.scalar_type() != dtype) return {};
+    const int64_t per_matrix = b.rows * cols;
     const at::Tensor& first = ts[0];
     bool consecutive = true;
     for (size_t j = 0; j < ts.size() && consecutive; ++j)
       consecutive = ts[j].is_contiguous() && ts[j].is_alias_of(first) &&
                     ts[j].storage_offset() == first.storage_offset() + b.offsets[j] * per_matrix;
     if (consecutive)
-      return first.as_strided({b.size(), b.rows, b.cols}, {per_matrix, b.cols, 1}, first.storage_offset());
-    at::Tensor buffer = at::empty({b.size(), b.rows, b.cols}, first.options());
+      return first.as_strided({b.size(), b.rows, cols}, {per_matrix, cols, 1}, first.storage_offset());
+    at::Tensor buffer = at::empty({b.size(), b.rows, cols}, first.options());
     for (size_t j = 0; j < ts.size(); ++j) {
       at::Tensor view = b.slice(buffer, j).view(ts[j].sizes());
       view.copy_(ts[j]);
@@ -599,10 +600,9 @@ class OptimizerImpl {
   // for the bank with its params' variances stacked; commits them and returns Û [B, rows, cols].
   at::Tensor normuon_bank(size_t g, const Bank& b, const at::Tensor& U) {
     const auto& o = groups[g].options;
-    const auto variances = bank_state(g, b, "variance");
-    const at::Tensor V_old = stack_bank(variances, b.rows, 1, at::kFloat);
-    auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V_old, o.normuon_beta2, o.normuon_eps);
-    commit_bank(b, variances, V_new, V_old);
+    const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
+    auto [U_hat, V_new] = optim_detail::normuon_normalize(U, V, o.normuon_beta2, o.normuon_eps);
+    V.copy_(gated(V_new, V));
     return U_hat;
   }
 
@@ -687,7 +687,7 @@ class OptimizerImpl {
       at::Tensor rows, selected;  // [B, k], [B, k, cols]
       std::vector<at::Tensor> grads;
       for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
-      if (const at::Tensor M = owned_bank(g, b, "momentum"); M.defined()) {
+      if (const at::Tensor M = owned_bank(g, b, "momentum", b.cols, b.dtype); M.defined()) {
         // In place on the bank's momenta: the same values as the stacking path below. A skipped
         // step adds -0.0 (x + -0.0 is x, bit for bit, also for -0.0) and scatters the rows back
         // unchanged.
@@ -716,11 +716,11 @@ class OptimizerImpl {
       }
       // 4-5: orthogonalize the [B, k, cols] selection in one call, NorMuon on the selected rows.
       const at::Tensor U = orthogonalize(selected, batch_ortho_options(o.ortho));
-      const auto variances = bank_state(g, b, "variance");
-      const at::Tensor V_old = stack_bank(variances, b.rows, 1, at::kFloat);
-      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, optim_detail::gather_rows(V_old, rows),
-                                                                o.normuon_beta2, o.normuon_eps);
-      commit_bank(b, variances, optim_detail::scatter_rows(V_old, rows, V_sel_new), V_old);
+      const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
+      const at::Tensor V_sel_old = optim_detail::gather_rows(V, rows);
+      auto [U_hat, V_sel_new] =
+          optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
+      V.scatter_(-2, rows.unsqueeze(-1), gated(V_sel_new.to(at::kFloat), V_sel_old));
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA

@@ -277,8 +277,8 @@ TEST_F(OptimBanks, NorMuonBatchedEqualsPerMatrixBitForBit) {
   expect_batched_equals_reference(specs);
 }
 
-// The per-bank Dion3 step keeps a bank's momenta in one buffer and updates it in place: after the
-// first step each param's momentum is a view of that buffer (state_version counts the move once),
+// The per-bank Dion3 step keeps a bank's momenta (and variances) in one buffer and updates it in
+// place: after the first step each param's momentum is a view of that buffer (state_version counts the move once),
 // later steps neither move nor copy it; the in-place path still equals the reference bit for bit
 // after load_param_states() (the loaded tensors are moved into a new buffer on the next step), and
 // a saved view holds only its own elements.
@@ -296,11 +296,14 @@ TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
   EXPECT_EQ(batched.state_version(), 0);
   step_both(0);
   const int64_t version = batched.state_version();
-  EXPECT_EQ(version, 1) << "one bank of three 16x40 params moved into one buffer (the 24x24 bank has one "
-                           "param, already consecutive)";
+  EXPECT_EQ(version, 2) << "the momenta and the variances of the bank of three 16x40 params move into one "
+                           "buffer each (the 24x24 bank has one param: already consecutive)";
   const at::Tensor m0 = batched.param_state(0, 0).at("momentum"), m2 = batched.param_state(0, 2).at("momentum");
   EXPECT_TRUE(m0.is_alias_of(m2));
   EXPECT_EQ(m2.storage_offset() - m0.storage_offset(), 2 * 16 * 40);
+  const at::Tensor v0 = batched.param_state(0, 0).at("variance"), v2 = batched.param_state(0, 2).at("variance");
+  EXPECT_TRUE(v0.is_alias_of(v2));
+  EXPECT_EQ(v2.storage_offset() - v0.storage_offset(), 2 * 16);
   const void* live = m0.data_ptr();
   step_both(1);
   step_both(2);
@@ -332,7 +335,7 @@ TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
     reference.step();
     ASSERT_EQ(first_difference(snapshot(restored), snapshot(reference)), "") << "after load, step " << t;
   }
-  EXPECT_EQ(restored.state_version(), loaded + 1) << "the loaded momenta move into one buffer once";
+  EXPECT_EQ(restored.state_version(), loaded + 2) << "the loaded momenta and variances move into one buffer once";
 }
 
 }  // namespace
