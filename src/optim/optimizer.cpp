@@ -704,7 +704,7 @@ class OptimizerImpl {
           }
         rows = optim_detail::dion3_rows(M, o.fraction);
         selected = optim_detail::gather_rows(M, rows);
-        M.scatter_(-2, rows.unsqueeze(-1).expand(selected.sizes()), gated(selected * o.momentum, selected));
+        optim_detail::scatter_rows_(M, rows, gated(selected * o.momentum, selected));
       } else {  // (a scope, so the bank-sized momentum temporaries are freed before the weights' ones)
         const auto momenta = bank_state(g, b, "momentum");
         const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
@@ -720,7 +720,7 @@ class OptimizerImpl {
       const at::Tensor V_sel_old = optim_detail::gather_rows(V, rows);
       auto [U_hat, V_sel_new] =
           optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
-      V.scatter_(-2, rows.unsqueeze(-1), gated(V_sel_new.to(at::kFloat), V_sel_old));
+      optim_detail::scatter_rows_(V, rows, gated(V_sel_new.to(at::kFloat), V_sel_old));
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
@@ -732,10 +732,9 @@ class OptimizerImpl {
         const at::Tensor D = U_hat.contiguous();
         for (size_t j = 0; j < b.params.size(); ++j) {
           const size_t i = b.params[j];
-          const at::Tensor rows_j = b.slice(rows, j);
-          const at::Tensor index = rows_j.unsqueeze(-1).expand({rows_j.size(0), rows_j.size(1), b.cols});
-          selected_w.push_back(weight_storage(g, i).view({-1, b.rows, b.cols}).gather(-2, index));
-          selected_d.push_back(b.slice(D, j));
+          const at::Tensor index = optim_detail::flat_rows(b.slice(rows, j), b.rows);  // into W as [n·rows, cols]
+          selected_w.push_back(weight_storage(g, i).view({-1, b.cols}).index_select(0, index));
+          selected_d.push_back(b.slice(D, j).reshape({-1, b.cols}));
           selected_factors.push_back(factor);
           selected_params.push_back(i);
           scatter_index.push_back(index);
@@ -761,11 +760,11 @@ class OptimizerImpl {
       for (size_t k = 0; k < selected_params.size(); ++k) {
         const size_t i = selected_params[k];
         const at::Tensor& index = scatter_index[k];
-        const std::vector<int64_t> shape = {index.size(0), -1, index.size(2)};
-        weight_storage(g, i).view(shape).scatter_(-2, index, selected_w[k]);
+        const int64_t cols = selected_w[k].size(-1);
+        weight_storage(g, i).view({-1, cols}).index_copy_(0, index, selected_w[k]);
         if (uses_master(groups[g].params[i], o)) {  // the parameter's copy of those rows
           at::Tensor p = groups[g].params[i].detach();
-          p.view(shape).scatter_(-2, index, selected_w[k].to(p.scalar_type()));
+          p.view({-1, cols}).index_copy_(0, index, selected_w[k].to(p.scalar_type()));
         }
       }
     }

@@ -93,16 +93,30 @@ int64_t dion3_rank(double fraction, int64_t rows) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows))));
 }
 
+// Whole rows move as rows of the [prod(leading)·rows, cols] view, by one index per row
+// (index_select / index_copy): a gather/scatter along dim -2 would read an int64 index per
+// ELEMENT, which made Dion3's row moves cost more than the rows themselves on a GPU.
+at::Tensor flat_rows(const at::Tensor& rows, int64_t n_rows) {
+  const at::Tensor r = rows.reshape({-1, rows.size(-1)});
+  if (r.size(0) == 1) return r.reshape({-1});
+  return (r + at::arange(r.size(0), r.options()).mul_(n_rows).unsqueeze(1)).reshape({-1});
+}
+
 at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows) {
   auto sizes = rows.sizes().vec();
   sizes.push_back(X.size(-1));
-  return X.gather(-2, rows.unsqueeze(-1).expand(sizes));
+  return X.reshape({-1, X.size(-1)}).index_select(0, flat_rows(rows, X.size(-2))).view(sizes);
 }
 
 at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
-  auto sizes = rows.sizes().vec();
-  sizes.push_back(X.size(-1));
-  return X.scatter(-2, rows.unsqueeze(-1).expand(sizes), values.to(X.scalar_type()));
+  return scatter_rows_(X.clone(at::MemoryFormat::Contiguous), rows, values);
+}
+
+const at::Tensor& scatter_rows_(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
+  TORCH_CHECK(X.is_contiguous(), "scatter_rows_: the target must be contiguous");
+  X.view({-1, X.size(-1)}).index_copy_(0, flat_rows(rows, X.size(-2)),
+                                       values.reshape({-1, X.size(-1)}).to(X.scalar_type()));
+  return X;
 }
 
 at::Tensor dion3_rows(const at::Tensor& M, double fraction) {

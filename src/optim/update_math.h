@@ -66,9 +66,12 @@ int64_t dion3_rank(double fraction, int64_t rows);  // k = max(1, ceil(f·rows))
 // Indices [..., k] of the k rows of M with the largest L1 norms (sorted, largest first).
 at::Tensor dion3_rows(const at::Tensor& M, double fraction);
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu);
-// Gathers/scatters rows along dim -2 by indices [..., k].
+// Gathers/scatters rows along dim -2 by indices [..., k] (distinct within each matrix).
+// flat_rows: those indices into the [prod(leading)·rows, cols] view of X (n_rows = X.size(-2)).
+at::Tensor flat_rows(const at::Tensor& rows, int64_t n_rows);
 at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows);
 at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values);
+const at::Tensor& scatter_rows_(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values);  // in place
 
 // §6 Dion low-rank step on M [..., m, n] (accumulated, fp32) and Q [..., n, r].
 struct DionResult {
