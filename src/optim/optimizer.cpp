@@ -922,7 +922,8 @@ class OptimizerImpl {
     std::vector<at::Tensor> outs(idx.size());
     // Muon without split_sizes: the NS result in its compute dtype is the direction (the update
     // kernel widens bf16/fp16 exactly, as the reference's cast to fp32 does, so the update is
-    // the same). With split_sizes or NorMuon the fp32 result, whose math continues in fp32.
+    // the same). NorMuon normalizes the compute-dtype result into fp32; with split_sizes Muon
+    // takes the fp32 result, whose math continues in fp32.
     const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
@@ -935,10 +936,14 @@ class OptimizerImpl {
         res = detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
         if (res.scalar_type() == at::kDouble) res = res.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
         res = cuda::contiguous(res);
+      } else if (o.algorithm == Algorithm::NorMuon) {
+        // NorMuon reads the compute-dtype result as is (normuon_normalize widens it in its
+        // reductions and returns fp32): no fp32 copy of the NS result first.
+        at::Tensor U = detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
+        if (U.scalar_type() == at::kDouble) U = U.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
+        res = normuon_bank(g, b, U).contiguous();
       } else {
-        res = orthogonalize(stacks[k], ortho);
-        if (o.algorithm == Algorithm::NorMuon) res = normuon_bank(g, b, res);
-        res = res.contiguous();
+        res = orthogonalize(stacks[k], ortho).contiguous();
       }
       for (size_t j = 0; j < b.params.size(); ++j)
         outs[b.positions[j]] = b.slice(res, j).view(matrix_sizes(params[b.params[j]], o));

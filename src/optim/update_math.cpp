@@ -32,16 +32,20 @@ std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::T
 
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
                                                     double eps) {
-  // fp32 at least (the variance is fp32); fp64 stays fp64.
-  const at::Tensor U32 = U.scalar_type() == at::kDouble ? U : U.to(at::kFloat);
-  at::Tensor row_mean_sq = (U32 * U32).mean(-1, /*keepdim=*/true);
-  at::Tensor V_new = V * beta2 + row_mean_sq * (1.0 - beta2);
-  at::Tensor U_hat = U32 / (V_new.sqrt() + eps);
+  // Two passes over U: its row sums of squares (accumulated in fp32, fp64 for fp64 U, without a
+  // widened copy of a bf16/fp16 U), and one product with a per-row factor. Both Frobenius norms
+  // of the formula come from the row sums: ‖U‖² = Σ_r s_r and ‖U/(√V+ε)‖² = Σ_r s_r/(√V_r+ε)².
+  // (The direct form, ten passes over an fp32 copy, cost 15 ms per step on Llama 1.26B.)
+  const at::ScalarType acc = U.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor row_sq =
+      at::linalg_vector_norm(U, 2, at::IntArrayRef{-1}, /*keepdim=*/true, acc).square();  // [..., rows, 1]
+  at::Tensor V_new = V * beta2 + row_sq * ((1.0 - beta2) / static_cast<double>(U.size(-1)));
+  const at::Tensor inv = (V_new.sqrt() + eps).reciprocal();  // 1/(√V+ε) per row
   // Keep the Frobenius norm of U (per matrix): the normalization only redistributes it.
-  at::Tensor norm_U = at::linalg_vector_norm(U32, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
-  at::Tensor norm_hat = at::linalg_vector_norm(U_hat, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
-  U_hat = U_hat * (norm_U / norm_hat.clamp_min(1e-8));
-  return {U_hat.to(U.scalar_type()), V_new};
+  const at::Tensor norm_U = row_sq.sum(-2, /*keepdim=*/true).sqrt();
+  const at::Tensor norm_hat = (row_sq * inv.square()).sum(-2, /*keepdim=*/true).sqrt();
+  const at::Tensor factor = inv * (norm_U / norm_hat.clamp_min(1e-8));  // [..., rows, 1], acc dtype
+  return {U * factor, V_new};  // Û in fp32 (fp64 for fp64 U): never rounded back to bf16/fp16
 }
 
 at::Tensor decayed_weights(const at::Tensor& W, const at::Tensor& D, const at::Tensor& lr, double weight_decay,

@@ -26,7 +26,8 @@ std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::T
                                                 MomentumStyle style, bool nesterov);
 
 // §4 NorMuon normalization of U [..., rows, cols] with row variance V [..., rows, 1] (fp32).
-// Returns {Û, new V}.
+// Returns {Û, new V}; Û in fp32 for fp32/bf16/fp16 U (fp64 for fp64 U), so a bf16/fp16
+// Newton–Schulz result can be passed as is.
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
                                                     double eps);
 
