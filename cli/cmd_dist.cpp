@@ -95,7 +95,7 @@ int run_dist_step(const StepArgs& a) {
   at::manual_seed(1000 + ctx->rank());  // different local gradients per rank
   // Host time of device work needs a device synchronization (NCCL's wait() only orders streams).
   auto sync = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
   };
   auto now = [] { return std::chrono::steady_clock::now(); };
   auto ms_between = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,15 +44,21 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// On CUDA a data-parallel rank (LOCAL_RANK from `--nproc` or an external launcher) takes GPU
+// LOCAL_RANK mod the device count, so the ranks of one host do not all share GPU 0.
 c10::Device pick_device(const std::string& d) {
   if (d == "cpu") return c10::kCPU;
   const bool cuda = torch::cuda::is_available();
   TORCH_CHECK(cuda || d != "cuda", "device: cuda requested but this torch has no usable CUDA device");
-  return cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+  if (!cuda) return c10::kCPU;
+  const char* local_rank = std::getenv("WORLD_SIZE") ? std::getenv("LOCAL_RANK") : nullptr;
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = local_rank ? std::strtoll(local_rank, nullptr, 10) % count : 0;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 void sync_device(c10::Device d) {
-  if (d.is_cuda()) torch::cuda::synchronize();
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }
 
 // bf16 autocast for the forward pass on CUDA (the C++ API moved to per-device calls in 2.4).
