@@ -925,6 +925,10 @@ class OptimizerImpl {
     // the same). NorMuon normalizes the compute-dtype result into fp32; with split_sizes Muon
     // takes the fp32 result, whose math continues in fp32.
     const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
+    // Without split_sizes every bank in one call: the Gram NS of banks with the same m (after
+    // orientation) iterates as one batch (detail::orthogonalize_many_in_compute_dtype).
+    std::vector<at::Tensor> ns;
+    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho);
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
       // Tall matrices come back as transposed views and the update kernel reads D contiguously:
@@ -932,18 +936,14 @@ class OptimizerImpl {
       // compute dtype. NorMuon normalizes the views like the reference (same reduction order),
       // one normuon_bank() per bank.
       at::Tensor res;
-      if (direct) {
-        res = detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
-        if (res.scalar_type() == at::kDouble) res = res.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
-        res = cuda::contiguous(res);
-      } else if (o.algorithm == Algorithm::NorMuon) {
+      if (o.algorithm == Algorithm::Muon && !direct) {
+        res = orthogonalize(stacks[k], ortho).contiguous();
+      } else {
+        at::Tensor U = !ns.empty() ? ns[k] : detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
+        if (U.scalar_type() == at::kDouble) U = U.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
         // NorMuon reads the compute-dtype result as is (normuon_normalize widens it in its
         // reductions and returns fp32): no fp32 copy of the NS result first.
-        at::Tensor U = detail::orthogonalize_in_compute_dtype(stacks[k], ortho);
-        if (U.scalar_type() == at::kDouble) U = U.to(at::kFloat);  // fp64 NS: as orthogonalize() casts
-        res = normuon_bank(g, b, U).contiguous();
-      } else {
-        res = orthogonalize(stacks[k], ortho).contiguous();
+        res = direct ? cuda::contiguous(U) : normuon_bank(g, b, U).contiguous();
       }
       for (size_t j = 0; j < b.params.size(); ++j)
         outs[b.positions[j]] = b.slice(res, j).view(matrix_sizes(params[b.params[j]], o));

@@ -32,17 +32,34 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
   return X;
 }
 
-// Gram NS (algorithms.md §1.1) on X [B, m, n], m <= n.
-at::Tensor gram_ns(at::Tensor X, const Schedule& s, int steps, const std::vector<int>& restarts,
-                   const Precision& p) {
+// Gram NS (algorithms.md §1.1) on batches Xs[i] [B_i, m, n_i] (m <= n_i; one m, one compute
+// dtype). Only R = X·Xᵀ and Q·X depend on a batch's n_i: the m×m iteration (Z, Q, R) runs once
+// over all batches stacked, so same-m banks of different widths (GPT-2's 768×2304 and 768×3072)
+// share one batch of small products instead of one each. Each matrix gets the same operations
+// as alone.
+std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, int steps,
+                                const std::vector<int>& restarts, const Precision& p) {
   auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
-  auto R = detail::gram_product(X, p);
+  auto gram = [&] {  // R of every batch, stacked
+    std::vector<at::Tensor> Rs;
+    for (const auto& X : Xs) Rs.push_back(detail::gram_product(X, p));
+    return Rs.size() == 1 ? Rs[0] : at::cat(Rs, 0);
+  };
+  auto apply = [&](const at::Tensor& Q) {  // X_i ← Q_i·X_i
+    int64_t offset = 0;
+    for (auto& X : Xs) {
+      const int64_t b = X.size(0);
+      X = detail::mm(Q.narrow(0, offset, b), X, p);
+      offset += b;
+    }
+  };
+  auto R = gram();
   at::Tensor Q;
   bool fresh = true;
   for (int t = 0; t < steps; ++t) {
     if (t > 0 && is_restart(t)) {
-      X = detail::mm(Q, X, p);
-      R = detail::gram_product(X, p);
+      apply(Q);
+      R = gram();
       fresh = true;
     }
     const auto& [a, b, c] = s.at_step(t);
@@ -58,7 +75,8 @@ at::Tensor gram_ns(at::Tensor X, const Schedule& s, int steps, const std::vector
     auto RZ = detail::sym_addmm(R, R, Z, a, 1.0, p);   // R·Z + a·R
     R = detail::sym_addmm(RZ, Z, RZ, a, 1.0, p);       // Z·RZ + a·RZ
   }
-  return detail::mm(Q, X, p);
+  apply(Q);
+  return Xs;
 }
 
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
@@ -89,20 +107,40 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
   return (X / (norm * s.safety + s.eps)).to(compute).contiguous();
 }
 
-// Orthogonalizes a batch [B, r, c] (any orientation); returns [B, r, c] in the compute dtype
-// (for tall inputs a transposed view of the contiguous [B, c, r] result).
-at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, const Schedule& s) {
-  const bool tall = G3.size(1) > G3.size(2);
-  const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
-  const OrthoMethod method = resolve_method(m, n, opt);
-  const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
-
-  at::Tensor X = normalized_input(G3, tall, compute, s);
-  const Precision p = Precision::of(compute, G3.device());
-  X = method == OrthoMethod::Gram ? gram_ns(X, s, opt.steps, opt.gram_restarts, p)
-                                  : standard_ns(X, s, opt.steps, p);
-  if (tall) X = X.transpose(1, 2);
+// Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
+// [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
+// [B, c, r] result). Gram batches with the same m and compute dtype iterate together (gram_ns).
+std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
+                                              const Schedule& s) {
+  std::vector<at::Tensor> X(G3s.size());
+  std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
+  for (size_t i = 0; i < G3s.size(); ++i) {
+    const at::Tensor& G3 = G3s[i];
+    TORCH_CHECK(G3.device() == G3s[0].device(), "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ",
+                G3s[0].device());
+    const bool tall = G3.size(1) > G3.size(2);
+    const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
+    const OrthoMethod method = resolve_method(m, n, opt);
+    const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
+    X[i] = normalized_input(G3, tall, compute, s);
+    if (method == OrthoMethod::Gram)
+      gram[{m, compute}].push_back(i);
+    else
+      X[i] = standard_ns(X[i], s, opt.steps, Precision::of(compute, G3.device()));
+  }
+  for (const auto& [key, idx] : gram) {
+    std::vector<at::Tensor> Xs;
+    for (size_t i : idx) Xs.push_back(X[i]);
+    Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, G3s[0].device()));
+    for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
+  }
+  for (size_t i = 0; i < G3s.size(); ++i)
+    if (G3s[i].size(1) > G3s[i].size(2)) X[i] = X[i].transpose(1, 2);
   return X;
+}
+
+at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, const Schedule& s) {
+  return orthogonalize_batches({G3}, opt, s)[0];
 }
 
 // [..., r, c] -> batched orthogonalization, no splitting.
@@ -238,6 +276,23 @@ at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const Ort
   at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
   at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s) : orthogonalize_split(M, opt, s);
   return out.reshape(G.sizes());
+}
+
+std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
+                                                                   const OrthoOptions& opt) {
+  TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
+              "before, or call orthogonalize per tensor)");
+  for (const auto& G : Gs) validate_ortho_args(G, opt);
+  if (Gs.empty()) return {};
+  const Schedule s = resolve_schedule(opt);
+  std::vector<at::Tensor> G3s;
+  for (const auto& G : Gs) {
+    const at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
+    G3s.push_back(M.reshape({-1, M.size(-2), M.size(-1)}));
+  }
+  auto out = orthogonalize_batches(G3s, opt, s);
+  for (size_t i = 0; i < Gs.size(); ++i) out[i] = out[i].reshape(Gs[i].sizes());
+  return out;
 }
 
 at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "orthopt/orthogonalize.h"
 
 namespace orthopt::detail {
@@ -13,5 +15,12 @@ namespace orthopt::detail {
 // this .to(G.scalar_type()); the fused optimizer step uses it directly as the update direction
 // (a bf16/fp16 direction widens to fp32 exactly, like that cast).
 at::Tensor orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOptions& opt);
+
+// orthogonalize_in_compute_dtype() of each of Gs (one device; no split_sizes), with the Gram NS
+// of every input that shares its m (rows after orientation) and compute dtype with others run as
+// one iteration over all of them (the small m×m products batched across shapes). Each result is
+// what orthogonalize_in_compute_dtype(Gs[i], opt) gives, up to the products' batching.
+std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
+                                                            const OrthoOptions& opt);
 
 }  // namespace orthopt::detail

@@ -19,6 +19,7 @@
 
 #include "orthopt/orthogonalize.h"
 #include "orthopt/schedules.h"
+#include "ortho/orthogonalize_detail.h"
 
 namespace {
 
@@ -390,6 +391,42 @@ TEST_F(Orthogonalize, BatchedEqualsPerMatrixLoop) {
     EXPECT_LT(max_abs_diff(batched, looped), 1e-6) << G.sizes();
     EXPECT_LT(rel_err(batched, reference_ns(G, ref_schedule("polar_express"), 5)), 1e-4);
   }
+}
+
+// orthogonalize_many: batches of different shapes in one call; the Gram ones with the same m
+// (wide and tall, several widths) iterate together. Each result must equal the single-input
+// call: the stacked m×m products compute each matrix's product on its own (CPU: bit for bit,
+// measured), and both must sit on the float64 standard-NS reference.
+TEST_F(Orthogonalize, ManyEqualsOneByOne) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {3, 24, 96}, {2, 72, 24}, {4, 24, 60},  // Gram, m = 24: one iteration for all three
+      {2, 24, 30},                            // standard (aspect 1.25)
+      {2, 16, 64}, {1, 40, 16}};              // Gram, m = 16: another
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    std::vector<torch::Tensor> Gs;
+    for (const auto& sh : shapes) Gs.push_back(spread_batch(sh[0], sh[1], sh[2]).to(dtype));
+    OrthoOptions o;
+    o.compute_dtype = dtype;
+    const auto many = orthopt::detail::orthogonalize_many_in_compute_dtype(Gs, o);
+    ASSERT_EQ(many.size(), Gs.size());
+    for (size_t i = 0; i < Gs.size(); ++i) {
+      const auto one = orthopt::detail::orthogonalize_in_compute_dtype(Gs[i], o);
+      EXPECT_EQ(many[i].sizes(), Gs[i].sizes());
+      EXPECT_EQ(many[i].scalar_type(), dtype);
+      EXPECT_TRUE(torch::equal(many[i], one)) << "input " << i << " " << Gs[i].sizes() << " " << dtype
+                                              << ": max |difference| " << max_abs_diff(many[i], one);
+      // Gram NS vs float64 standard NS: 1e-10 in fp64 (GramEqualsStandard); in fp32 Gram's
+      // rounding of R's powers measured ~1e-4 with the restart, so 1e-3.
+      EXPECT_LT(rel_err(many[i], reference_ns(Gs[i], ref_schedule("polar_express"), 5)),
+                dtype == at::kDouble ? 1e-10 : 1e-3)
+          << "input " << i;
+    }
+  }
+  OrthoOptions split;
+  split.split_sizes = {8, 16};
+  expect_error_naming([&] { orthopt::detail::orthogonalize_many_in_compute_dtype({spread_batch(1, 24, 96)}, split); },
+                      "split_sizes");
+  expect_error_naming([&] { orthopt::detail::orthogonalize_many_in_compute_dtype({torch::ones({3})}, {}); }, "G");
 }
 
 TEST_F(Orthogonalize, TallEqualsTransposeOfWide) {
