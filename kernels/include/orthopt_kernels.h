@@ -112,6 +112,19 @@ orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* c
                                     orthopt_dtype param_dtype, const double* factor, const double* lr,
                                     double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
 
+/* The decoupled update of whole rows given compactly (Dion3's selected rows): for tensor j,
+ * weight_rows[j] and direction[j] hold numel[j] / cols rows of cols elements (the old rows and
+ * their direction); row r's result is written to row rows[j][r] of weight[j] (a row-major
+ * [.., cols] tensor) and of param_out[j] (NULL: no copy). Same arithmetic as
+ * orthopt_multi_update. The row indices (int64, device) must be valid rows of weight[j] and
+ * distinct: they are not checked on the device. */
+orthopt_status orthopt_multi_update_rows(int64_t count, const int64_t* numel, const void* const* weight_rows,
+                                         orthopt_dtype weight_dtype, const void* const* direction,
+                                         orthopt_dtype direction_dtype, void* const* weight, void* const* param_out,
+                                         orthopt_dtype param_dtype, const int64_t* const* rows, int64_t cols,
+                                         const double* factor, const double* lr, double weight_decay, int cautious,
+                                         const uint8_t* keep, cudaStream_t stream);
+
 /* AdamW: m ← β1·m + (1−β1)·G, v ← β2·v + (1−β2)·G², t = step + 1,
  * D = (m / (1−β1^t)) / (sqrt(v) / sqrt(1−β2^t) + eps), decoupled update with factor 1, step ← t.
  * step: per tensor a device fp32 count of the steps taken (orthopt's AdamW state); the bias

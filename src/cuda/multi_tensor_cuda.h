@@ -32,6 +32,15 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
             double weight_decay, bool cautious, const at::Tensor& keep);
 
+// update() of whole rows: weight_rows[i] and directions[i] hold k rows of `cols` elements (the
+// old rows, gathered before anything else wrote them, and their direction); row r's result
+// goes to row rows[i][r] (int64, distinct, valid: not checked on the device) of weights[i] and
+// of param_copies[i] (empty or undefined: none).
+void update_rows(const std::vector<at::Tensor>& weight_rows, const std::vector<at::Tensor>& directions,
+                 const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies,
+                 const std::vector<at::Tensor>& rows, int64_t cols, const std::vector<double>& factors,
+                 const at::Tensor& lr, double weight_decay, bool cautious, const at::Tensor& keep);
+
 // AdamW moments, bias corrections from each tensor's 0-d fp32 step count (incremented), update.
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
            const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,

@@ -678,9 +678,12 @@ class OptimizerImpl {
     // in a few launches for the whole group) where it takes every tensor.
     const bool kernels = fused(g, idx);
     std::vector<at::Tensor> weights_k, copies_k;  // every weight: the decay
-    std::vector<at::Tensor> selected_w, selected_d, scatter_index;  // the selected rows' step
-    std::vector<double> selected_factors;
-    std::vector<size_t> selected_params;
+    struct SelectedRows {  // one bank's selected rows: old values (gathered first), direction, where
+      std::vector<at::Tensor> old_rows, directions, weights, copies, rows;
+      std::vector<double> factors;
+      int64_t cols = 0;
+    };
+    std::vector<SelectedRows> selected_k;
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
@@ -726,20 +729,26 @@ class OptimizerImpl {
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {
         // The update with a direction that is zero outside the selection, without that
-        // full-size direction: the selected rows are gathered out of the weights (before the
-        // decay below runs), stepped by the update kernel on the copy, and scattered back after
-        // the decay-only kernel has run over every weight. Same kernel arithmetic, same bits.
+        // full-size direction: the selected rows are gathered out of the weights here (before
+        // the decay runs), every weight is decayed by the update kernel with no direction, and
+        // then the update-rows kernel writes the selected rows' update of the gathered values
+        // over them. Same kernel arithmetic, same bits as one zero-padded update.
         const at::Tensor D = U_hat.contiguous();
+        SelectedRows sel;
+        sel.cols = b.cols;
         for (size_t j = 0; j < b.params.size(); ++j) {
           const size_t i = b.params[j];
           const at::Tensor index = optim_detail::flat_rows(b.slice(rows, j), b.rows);  // into W as [n·rows, cols]
-          selected_w.push_back(weight_storage(g, i).view({-1, b.cols}).index_select(0, index));
-          selected_d.push_back(b.slice(D, j).reshape({-1, b.cols}));
-          selected_factors.push_back(factor);
-          selected_params.push_back(i);
-          scatter_index.push_back(index);
+          const at::Tensor W = weight_storage(g, i);
+          sel.old_rows.push_back(W.view({-1, b.cols}).index_select(0, index));
+          sel.directions.push_back(b.slice(D, j));
+          sel.rows.push_back(index.contiguous());
+          sel.factors.push_back(factor);
           add_weights(g, i, weights_k, copies_k);
+          sel.weights.push_back(weights_k.back());
+          sel.copies.push_back(copies_k.back());
         }
+        selected_k.push_back(std::move(sel));
         continue;
       }
 #endif
@@ -753,20 +762,11 @@ class OptimizerImpl {
     }
 #ifdef ORTHOPT_WITH_CUDA
     if (kernels) {
-      cuda::update(selected_w, selected_d, {}, selected_factors, lr, o.weight_decay, o.cautious_weight_decay,
-                   keep_flag());
       cuda::update(weights_k, {}, copies_k, std::vector<double>(weights_k.size(), 1.0), lr, o.weight_decay,
-                   o.cautious_weight_decay, keep_flag());
-      for (size_t k = 0; k < selected_params.size(); ++k) {
-        const size_t i = selected_params[k];
-        const at::Tensor& index = scatter_index[k];
-        const int64_t cols = selected_w[k].size(-1);
-        weight_storage(g, i).view({-1, cols}).index_copy_(0, index, selected_w[k]);
-        if (uses_master(groups[g].params[i], o)) {  // the parameter's copy of those rows
-          at::Tensor p = groups[g].params[i].detach();
-          p.view({-1, cols}).index_copy_(0, index, selected_w[k].to(p.scalar_type()));
-        }
-      }
+                   o.cautious_weight_decay, keep_flag());  // decay only
+      for (const SelectedRows& sel : selected_k)  // one launch per bank (its row length)
+        cuda::update_rows(sel.old_rows, sel.directions, sel.weights, sel.copies, sel.rows, sel.cols, sel.factors, lr,
+                          o.weight_decay, o.cautious_weight_decay, keep_flag());
     }
 #endif
   }
