@@ -105,25 +105,25 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
 
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
  * of per-tensor lr factors (the lr adjustment), NULL for all 1. direction == NULL: decay only,
- * exactly the update with D = 0 (Dion3 decays every row, steps only its selected rows). */
+ * exactly the update with D = 0. */
 orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
                                     orthopt_dtype weight_dtype, const void* const* direction,
                                     orthopt_dtype direction_dtype, void* const* param_out,
                                     orthopt_dtype param_dtype, const double* factor, const double* lr,
                                     double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
 
-/* The decoupled update of whole rows given compactly (Dion3's selected rows): for tensor j,
- * weight_rows[j] and direction[j] hold numel[j] / cols rows of cols elements (the old rows and
- * their direction); row r's result is written to row rows[j][r] of weight[j] (a row-major
- * [.., cols] tensor) and of param_out[j] (NULL: no copy). Same arithmetic as
- * orthopt_multi_update. The row indices (int64, device) must be valid rows of weight[j] and
- * distinct: they are not checked on the device. */
-orthopt_status orthopt_multi_update_rows(int64_t count, const int64_t* numel, const void* const* weight_rows,
-                                         orthopt_dtype weight_dtype, const void* const* direction,
-                                         orthopt_dtype direction_dtype, void* const* weight, void* const* param_out,
-                                         orthopt_dtype param_dtype, const int64_t* const* rows, int64_t cols,
-                                         const double* factor, const double* lr, double weight_decay, int cautious,
-                                         const uint8_t* keep, cudaStream_t stream);
+/* The decoupled update with a direction that is nonzero on selected rows only (Dion3): weight[j]
+ * (numel[j] elements, rows of cols) is updated everywhere, with D = 0 outside the selection;
+ * row r of it takes direction row row_map[j][r] of direction[j] (a compact [*, cols] tensor)
+ * where row_map[j][r] >= 0, and D = 0 where it is -1. Same arithmetic as orthopt_multi_update
+ * with the zero-padded full-size direction, without that direction. The map entries (int32,
+ * device) must be -1 or valid rows of direction[j]: they are not checked on the device. */
+orthopt_status orthopt_multi_update_selected(int64_t count, const int64_t* numel, void* const* weight,
+                                             orthopt_dtype weight_dtype, const void* const* direction,
+                                             orthopt_dtype direction_dtype, const int32_t* const* row_map,
+                                             int64_t cols, void* const* param_out, orthopt_dtype param_dtype,
+                                             const double* factor, const double* lr, double weight_decay,
+                                             int cautious, const uint8_t* keep, cudaStream_t stream);
 
 /* AdamW: m ← β1·m + (1−β1)·G, v ← β2·v + (1−β2)·G², t = step + 1,
  * D = (m / (1−β1^t)) / (sqrt(v) / sqrt(1−β2^t) + eps), decoupled update with factor 1, step ← t.

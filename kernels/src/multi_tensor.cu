@@ -175,44 +175,53 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant_
   }
 }
 
-struct UpdateRowsArgs {
+struct UpdateSelectedArgs {
   Decay decay;
   orthopt_dtype weight_dtype, direction_dtype, param_dtype;
   int64_t cols;
   const uint8_t* keep;
 };
 
-// The update of compact rows written to indexed rows (orthopt_multi_update_rows).
-// roles: 0 old rows (compact, read), 1 their direction, 2 weight (indexed rows written),
-// 3 parameter copy (indexed rows written; NULL: none), 4 row indices (int64)
-__global__ void __launch_bounds__(kThreads) update_rows_kernel(const __grid_constant__ Table<5> t,
-                                                               const UpdateRowsArgs a) {
+// The row of element e: 32-bit division where the tensor allows (the kernel is memory-bound
+// and a 64-bit division per element costs more than the load).
+__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols, bool narrow) {
+  return narrow ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(cols)) : e / cols;
+}
+
+// The update with a row-selected direction (orthopt_multi_update_selected).
+// roles: 0 W (read, written), 1 compact direction rows, 2 parameter copy (written; NULL: none),
+// 3 row map (int32 per row of W: direction row or -1)
+__global__ void __launch_bounds__(kThreads) update_selected_kernel(const __grid_constant__ Table<4> t,
+                                                                   const UpdateSelectedArgs a) {
   if (skipped(a.keep)) return;
   int64_t begin, end;
   const int i = block_tensor(t, &begin, &end);
   const DecayConsts c = decay_consts(a.decay, t.factor[i]);
-  const void* Wr = t.ptr[0][i];
+  void* W = t.ptr[0][i];
   const void* D = t.ptr[1][i];
-  void* W = t.ptr[2][i];
-  void* P = t.ptr[3][i];
-  const int64_t* rows = static_cast<const int64_t*>(t.ptr[4][i]);
+  void* P = t.ptr[2][i];
+  const int32_t* map = static_cast<const int32_t*>(t.ptr[3][i]);
+  const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
   for (int64_t base = begin + threadIdx.x; base < end; base += kThreads * kIlp) {
     float w[kIlp], d[kIlp];
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t e = base + r * kThreads;
-      w[r] = e < end ? load(Wr, e, a.weight_dtype) : 0.0f;
-      d[r] = e < end ? load(D, e, a.direction_dtype) : 0.0f;
+      w[r] = 0.0f;
+      d[r] = 0.0f;
+      if (e >= end) continue;
+      w[r] = load(W, e, a.weight_dtype);
+      const int64_t row = row_of(e, a.cols, narrow);
+      const int32_t s = map[row];
+      if (s >= 0) d[r] = load(D, static_cast<int64_t>(s) * a.cols + (e - row * a.cols), a.direction_dtype);
     }
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t e = base + r * kThreads;
       if (e >= end) continue;
-      const int64_t row = e / a.cols;
-      const int64_t dst = rows[row] * a.cols + (e - row * a.cols);
       const float w_new = decoupled(w[r], d[r], a.decay.mode, c);
-      store(W, dst, a.weight_dtype, w_new);
-      if (P) store(P, dst, a.param_dtype, w_new);
+      store(W, e, a.weight_dtype, w_new);
+      if (P) store(P, e, a.param_dtype, w_new);
     }
   }
 }
@@ -436,14 +445,13 @@ extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* num
                            });
 }
 
-extern "C" orthopt_status orthopt_multi_update_rows(int64_t count, const int64_t* numel, const void* const* weight_rows,
-                                                    orthopt_dtype weight_dtype, const void* const* direction,
-                                                    orthopt_dtype direction_dtype, void* const* weight,
-                                                    void* const* param_out, orthopt_dtype param_dtype,
-                                                    const int64_t* const* rows, int64_t cols, const double* factor,
-                                                    const double* lr, double weight_decay, int cautious,
-                                                    const uint8_t* keep, cudaStream_t stream) {
-  const char* fn = "orthopt_multi_update_rows";
+extern "C" orthopt_status orthopt_multi_update_selected(int64_t count, const int64_t* numel, void* const* weight,
+                                                        orthopt_dtype weight_dtype, const void* const* direction,
+                                                        orthopt_dtype direction_dtype, const int32_t* const* row_map,
+                                                        int64_t cols, void* const* param_out, orthopt_dtype param_dtype,
+                                                        const double* factor, const double* lr, double weight_decay,
+                                                        int cautious, const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_multi_update_selected";
   ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
   if (count == 0) return ORTHOPT_OK;
   if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0, got %lld", fn, (long long)cols);
@@ -451,19 +459,18 @@ extern "C" orthopt_status orthopt_multi_update_rows(int64_t count, const int64_t
     if (numel[i] % cols != 0)
       return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
                   (long long)i, (long long)numel[i], (long long)cols);
-  ORTHOPT_STATUS_TRY(check_list(fn, "weight_rows", count, numel, weight_rows, weight_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
   ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
+  if (!row_map) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'row_map' must not be NULL", fn);
+  const std::vector<const void*> maps(row_map, row_map + count);
+  ORTHOPT_STATUS_TRY(check_list(fn, "row_map", count, numel, maps.data(), ORTHOPT_FP32));  // pointers only
   if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
-  const std::vector<const void*> row_ptrs(rows, rows + (rows ? count : 0));
-  if (!rows) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'rows' must not be NULL", fn);
-  ORTHOPT_STATUS_TRY(check_list(fn, "rows", count, numel, row_ptrs.data(), ORTHOPT_FP32));  // pointers only
   if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const UpdateRowsArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype, cols,
-                            keep};
-  return for_each_table<5>(count, numel, {weight_rows, direction, weight, param_out, row_ptrs.data()}, factor,
-                           [&](const Table<5>& t, int64_t blocks) -> orthopt_status {
-                             update_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+  const UpdateSelectedArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype,
+                                cols, keep};
+  return for_each_table<4>(count, numel, {weight, direction, param_out, maps.data()}, factor,
+                           [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
+                             update_selected_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
                              ORTHOPT_CUDA_TRY(cudaGetLastError());
                              return ORTHOPT_OK;
                            });

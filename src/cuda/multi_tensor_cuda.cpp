@@ -29,7 +29,7 @@ struct List {
   bool optional = false;  // the list may be empty and its entries undefined
   bool count = false;     // entries are 0-d fp32 step counts (not shaped like the first list)
   bool any_numel = false; // element counts are checked by the caller (rows of a larger tensor)
-  bool index = false;     // int64 row indices (the caller checks their count)
+  bool index = false;     // int32 row maps (the caller checks their count)
 };
 
 bool present(const List& l, size_t i) { return !l.tensors->empty() && (*l.tensors)[i].defined(); }
@@ -56,7 +56,7 @@ std::map<std::vector<int>, std::vector<size_t>> by_dtypes(const std::vector<List
                   "]: expected a tensor on ", first[0].device(), ", got ", t.device());
       TORCH_CHECK(t.is_contiguous(), fn, ": argument '", l.name, "' [", i, "] must be contiguous");
       if (l.index) {
-        TORCH_CHECK(t.scalar_type() == at::kLong, fn, ": argument '", l.name, "' [", i, "]: expected int64, got ",
+        TORCH_CHECK(t.scalar_type() == at::kInt, fn, ": argument '", l.name, "' [", i, "]: expected int32, got ",
                     t.scalar_type());
         key.push_back(0);
         continue;
@@ -180,50 +180,47 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
   bump_versions(param_copies);
 }
 
-void update_rows(const std::vector<at::Tensor>& weight_rows, const std::vector<at::Tensor>& directions,
-                 const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies,
-                 const std::vector<at::Tensor>& rows, int64_t cols, const std::vector<double>& factors,
-                 const at::Tensor& lr, double weight_decay, bool cautious, const at::Tensor& keep) {
-  const char* fn = "orthopt::cuda::update_rows";
+void update_selected(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
+                     const std::vector<at::Tensor>& row_maps, int64_t cols, const std::vector<at::Tensor>& param_copies,
+                     const std::vector<double>& factors, const at::Tensor& lr, double weight_decay, bool cautious,
+                     const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::update_selected";
   TORCH_CHECK(cols > 0, fn, ": argument 'cols' must be > 0, got ", cols);
-  const std::vector<List> lists = {{&weight_rows, "weight_rows"},
-                                   {&directions, "directions"},
-                                   {&weights, "weights", false, false, /*any_numel=*/true},
-                                   {&param_copies, "param_copies", /*optional=*/true, false, /*any_numel=*/true},
-                                   {&rows, "rows", false, false, false, /*index=*/true}};
+  const std::vector<List> lists = {{&weights, "weights"},
+                                   {&directions, "directions", false, false, /*any_numel=*/true},
+                                   {&param_copies, "param_copies", /*optional=*/true},
+                                   {&row_maps, "row_maps", false, false, true, /*index=*/true}};
   const auto groups = by_dtypes(lists, fn);
-  TORCH_CHECK(factors.size() == weight_rows.size(), fn, ": argument 'factors' has ", factors.size(),
-              " entries, expected ", weight_rows.size());
-  for (size_t i = 0; i < weight_rows.size(); ++i) {
-    const int64_t n = weight_rows[i].numel();
-    TORCH_CHECK(n % cols == 0 && rows[i].numel() == n / cols, fn, ": argument 'rows' [", i, "] has ",
-                rows[i].numel(), " indices for ", n, " elements of rows of ", cols);
-    TORCH_CHECK(weights[i].numel() % cols == 0 && weights[i].scalar_type() == weight_rows[i].scalar_type(), fn,
-                ": argument 'weights' [", i, "] must hold rows of ", cols, " elements in the dtype of 'weight_rows'");
-    TORCH_CHECK(!present(lists[3], i) || param_copies[i].numel() == weights[i].numel(), fn,
-                ": argument 'param_copies' [", i, "] must have as many elements as 'weights'");
+  TORCH_CHECK(factors.size() == weights.size(), fn, ": argument 'factors' has ", factors.size(), " entries, expected ",
+              weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(weights[i].numel() % cols == 0 && row_maps[i].numel() == weights[i].numel() / cols, fn,
+                ": argument 'row_maps' [", i, "] has ", row_maps[i].numel(), " entries for ", weights[i].numel(),
+                " elements in rows of ", cols);
+    TORCH_CHECK(directions[i].numel() % cols == 0, fn, ": argument 'directions' [", i, "] must hold rows of ", cols,
+                " elements, has ", directions[i].numel());
   }
-  if (weight_rows.empty()) return;
-  const at::Device device = weight_rows[0].device();
+  if (weights.empty()) return;
+  const at::Device device = weights[0].device();
   const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
   const double* lr_ptr = lr_pointer(lr, device, fn);
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(weight_rows, idx);
-    auto Wr = pointers(lists[0], idx), D = pointers(lists[1], idx), W = pointers(lists[2], idx),
-         P = pointers(lists[3], idx), R = pointers(lists[4], idx);
-    std::vector<const int64_t*> row_ptrs;
-    for (void* r : R) row_ptrs.push_back(static_cast<const int64_t*>(r));
+    const auto numel = numels(weights, idx);
+    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx),
+         R = pointers(lists[3], idx);
+    std::vector<const int32_t*> maps;
+    for (void* r : R) maps.push_back(static_cast<const int32_t*>(r));
     std::vector<double> factor;
     for (size_t i : idx) factor.push_back(factors[i]);
-    const orthopt_dtype param_dtype = dt[3] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[3]);
-    check_status(orthopt_multi_update_rows(static_cast<int64_t>(idx.size()), numel.data(), Wr.data(),
-                                           static_cast<orthopt_dtype>(dt[0]), D.data(),
-                                           static_cast<orthopt_dtype>(dt[1]), W.data(), data_or_null(P), param_dtype,
-                                           row_ptrs.data(), cols, factor.data(), lr_ptr, weight_decay,
-                                           cautious ? 1 : 0, keep_ptr, stream),
-                 "orthopt_multi_update_rows");
+    const orthopt_dtype param_dtype = dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]);
+    check_status(orthopt_multi_update_selected(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
+                                               static_cast<orthopt_dtype>(dt[0]), D.data(),
+                                               static_cast<orthopt_dtype>(dt[1]), maps.data(), cols, data_or_null(P),
+                                               param_dtype, factor.data(), lr_ptr, weight_decay, cautious ? 1 : 0,
+                                               keep_ptr, stream),
+                 "orthopt_multi_update_selected");
   }
   bump_versions(weights);
   bump_versions(param_copies);

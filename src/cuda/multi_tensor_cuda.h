@@ -32,14 +32,13 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
             double weight_decay, bool cautious, const at::Tensor& keep);
 
-// update() of whole rows: weight_rows[i] and directions[i] hold k rows of `cols` elements (the
-// old rows, gathered before anything else wrote them, and their direction); row r's result
-// goes to row rows[i][r] (int64, distinct, valid: not checked on the device) of weights[i] and
-// of param_copies[i] (empty or undefined: none).
-void update_rows(const std::vector<at::Tensor>& weight_rows, const std::vector<at::Tensor>& directions,
-                 const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies,
-                 const std::vector<at::Tensor>& rows, int64_t cols, const std::vector<double>& factors,
-                 const at::Tensor& lr, double weight_decay, bool cautious, const at::Tensor& keep);
+// update() with a direction that is nonzero on selected rows only (Dion3): row r of weights[i]
+// (rows of `cols`) takes row row_maps[i][r] of directions[i] (compact [*, cols]) where that
+// int32 entry is >= 0 and D = 0 where it is -1 (entries not checked on the device).
+void update_selected(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
+                     const std::vector<at::Tensor>& row_maps, int64_t cols, const std::vector<at::Tensor>& param_copies,
+                     const std::vector<double>& factors, const at::Tensor& lr, double weight_decay, bool cautious,
+                     const at::Tensor& keep);
 
 // AdamW moments, bias corrections from each tensor's 0-d fp32 step count (incremented), update.
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,

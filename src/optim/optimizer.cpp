@@ -677,13 +677,14 @@ class OptimizerImpl {
     // The weights through the multi-tensor update kernel (decay, step, master copy and skip gate
     // in a few launches for the whole group) where it takes every tensor.
     const bool kernels = fused(g, idx);
-    std::vector<at::Tensor> weights_k, copies_k;  // every weight: the decay
-    struct SelectedRows {  // one bank's selected rows: old values (gathered first), direction, where
-      std::vector<at::Tensor> old_rows, directions, weights, copies, rows;
+    // Every weight of the group in one update launch per bank (its row length): the direction
+    // is a bank's compact Û and a row map (-1 outside the selection).
+    struct SelectedUpdate {
+      std::vector<at::Tensor> weights, copies, directions, maps;
       std::vector<double> factors;
       int64_t cols = 0;
     };
-    std::vector<SelectedRows> selected_k;
+    std::vector<SelectedUpdate> updates_k;
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
@@ -729,26 +730,21 @@ class OptimizerImpl {
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {
         // The update with a direction that is zero outside the selection, without that
-        // full-size direction: the selected rows are gathered out of the weights here (before
-        // the decay runs), every weight is decayed by the update kernel with no direction, and
-        // then the update-rows kernel writes the selected rows' update of the gathered values
-        // over them. Same kernel arithmetic, same bits as one zero-padded update.
-        const at::Tensor D = U_hat.contiguous();
-        SelectedRows sel;
-        sel.cols = b.cols;
+        // full-size direction: the kernel reads Û's row where the row map points to one, D = 0
+        // elsewhere; the same arithmetic as the zero-padded update, one pass over the weights.
+        const at::Tensor D = U_hat.contiguous().view({-1, b.cols});                 // [B·k, cols]
+        const at::Tensor flat = optim_detail::flat_rows(rows, b.rows);               // [B·k] into [B·rows]
+        const at::Tensor map = at::full({b.size() * b.rows}, -1, rows.options().dtype(at::kInt))
+                                   .index_copy_(0, flat, at::arange(flat.numel(), rows.options().dtype(at::kInt)));
+        SelectedUpdate u;
+        u.cols = b.cols;
         for (size_t j = 0; j < b.params.size(); ++j) {
-          const size_t i = b.params[j];
-          const at::Tensor index = optim_detail::flat_rows(b.slice(rows, j), b.rows);  // into W as [n·rows, cols]
-          const at::Tensor W = weight_storage(g, i);
-          sel.old_rows.push_back(W.view({-1, b.cols}).index_select(0, index));
-          sel.directions.push_back(b.slice(D, j));
-          sel.rows.push_back(index.contiguous());
-          sel.factors.push_back(factor);
-          add_weights(g, i, weights_k, copies_k);
-          sel.weights.push_back(weights_k.back());
-          sel.copies.push_back(copies_k.back());
+          add_weights(g, b.params[j], u.weights, u.copies);
+          u.directions.push_back(D);  // the bank's; the map holds bank-wide row numbers
+          u.maps.push_back(map.narrow(0, b.offsets[j] * b.rows, (b.offsets[j + 1] - b.offsets[j]) * b.rows));
+          u.factors.push_back(factor);
         }
-        selected_k.push_back(std::move(sel));
+        updates_k.push_back(std::move(u));
         continue;
       }
 #endif
@@ -761,13 +757,10 @@ class OptimizerImpl {
                          W_old);
     }
 #ifdef ORTHOPT_WITH_CUDA
-    if (kernels) {
-      cuda::update(weights_k, {}, copies_k, std::vector<double>(weights_k.size(), 1.0), lr, o.weight_decay,
-                   o.cautious_weight_decay, keep_flag());  // decay only
-      for (const SelectedRows& sel : selected_k)  // one launch per bank (its row length)
-        cuda::update_rows(sel.old_rows, sel.directions, sel.weights, sel.copies, sel.rows, sel.cols, sel.factors, lr,
-                          o.weight_decay, o.cautious_weight_decay, keep_flag());
-    }
+    if (kernels)
+      for (const SelectedUpdate& u : updates_k)
+        cuda::update_selected(u.weights, u.directions, u.maps, u.cols, u.copies, u.factors, lr, o.weight_decay,
+                              o.cautious_weight_decay, keep_flag());
 #endif
   }
 
