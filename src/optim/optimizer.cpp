@@ -688,7 +688,7 @@ class OptimizerImpl {
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
-      at::Tensor rows, selected;  // [B, k], [B, k, cols]
+      at::Tensor rows, selected, flat;  // [B, k], [B, k, cols], rows as indices into [B·rows] (flat_rows)
       std::vector<at::Tensor> grads;
       for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
       if (const at::Tensor M = owned_bank(g, b, "momentum", b.cols, b.dtype); M.defined()) {
@@ -707,8 +707,9 @@ class OptimizerImpl {
             b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
           }
         rows = optim_detail::dion3_rows(M, o.fraction);
-        selected = optim_detail::gather_rows(M, rows);
-        optim_detail::scatter_rows_(M, rows, gated(selected * o.momentum, selected));
+        flat = optim_detail::flat_rows(rows, b.rows);
+        selected = optim_detail::take_rows(M, flat).view({b.size(), rows.size(-1), b.cols});
+        optim_detail::put_rows_(M, flat, gated(selected * o.momentum, selected));
       } else {  // (a scope, so the bank-sized momentum temporaries are freed before the weights' ones)
         const auto momenta = bank_state(g, b, "momentum");
         const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
@@ -717,14 +718,15 @@ class OptimizerImpl {
         commit_bank(b, momenta, sel.momentum, M_old);
         rows = sel.rows;
         selected = sel.selected;
+        flat = optim_detail::flat_rows(rows, b.rows);
       }
       // 4-5: orthogonalize the [B, k, cols] selection in one call, NorMuon on the selected rows.
       const at::Tensor U = orthogonalize(selected, batch_ortho_options(o.ortho));
       const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
-      const at::Tensor V_sel_old = optim_detail::gather_rows(V, rows);
+      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat).view({b.size(), rows.size(-1), 1});
       auto [U_hat, V_sel_new] =
           optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
-      optim_detail::scatter_rows_(V, rows, gated(V_sel_new.to(at::kFloat), V_sel_old));
+      optim_detail::put_rows_(V, flat, gated(V_sel_new.to(at::kFloat), V_sel_old));
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
@@ -733,7 +735,6 @@ class OptimizerImpl {
         // full-size direction: the kernel reads Û's row where the row map points to one, D = 0
         // elsewhere; the same arithmetic as the zero-padded update, one pass over the weights.
         const at::Tensor D = U_hat.contiguous().view({-1, b.cols});                 // [B·k, cols]
-        const at::Tensor flat = optim_detail::flat_rows(rows, b.rows);               // [B·k] into [B·rows]
         const at::Tensor map = at::full({b.size() * b.rows}, -1, rows.options().dtype(at::kInt))
                                    .index_copy_(0, flat, at::arange(flat.numel(), rows.options().dtype(at::kInt)));
         SelectedUpdate u;

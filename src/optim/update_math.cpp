@@ -106,21 +106,24 @@ at::Tensor flat_rows(const at::Tensor& rows, int64_t n_rows) {
   return (r + at::arange(r.size(0), r.options()).mul_(n_rows).unsqueeze(1)).reshape({-1});
 }
 
+at::Tensor take_rows(const at::Tensor& X, const at::Tensor& flat) {
+  return X.reshape({-1, X.size(-1)}).index_select(0, flat);
+}
+
+const at::Tensor& put_rows_(const at::Tensor& X, const at::Tensor& flat, const at::Tensor& values) {
+  TORCH_CHECK(X.is_contiguous(), "put_rows_: the target must be contiguous");
+  X.view({-1, X.size(-1)}).index_copy_(0, flat, values.reshape({-1, X.size(-1)}).to(X.scalar_type()));
+  return X;
+}
+
 at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows) {
   auto sizes = rows.sizes().vec();
   sizes.push_back(X.size(-1));
-  return X.reshape({-1, X.size(-1)}).index_select(0, flat_rows(rows, X.size(-2))).view(sizes);
+  return take_rows(X, flat_rows(rows, X.size(-2))).view(sizes);
 }
 
 at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
-  return scatter_rows_(X.clone(at::MemoryFormat::Contiguous), rows, values);
-}
-
-const at::Tensor& scatter_rows_(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values) {
-  TORCH_CHECK(X.is_contiguous(), "scatter_rows_: the target must be contiguous");
-  X.view({-1, X.size(-1)}).index_copy_(0, flat_rows(rows, X.size(-2)),
-                                       values.reshape({-1, X.size(-1)}).to(X.scalar_type()));
-  return X;
+  return put_rows_(X.clone(at::MemoryFormat::Contiguous), flat_rows(rows, X.size(-2)), values);
 }
 
 at::Tensor dion3_rows(const at::Tensor& M, double fraction) {

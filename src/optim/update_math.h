@@ -72,7 +72,10 @@ Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu);
 at::Tensor flat_rows(const at::Tensor& rows, int64_t n_rows);
 at::Tensor gather_rows(const at::Tensor& X, const at::Tensor& rows);
 at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values);
-const at::Tensor& scatter_rows_(const at::Tensor& X, const at::Tensor& rows, const at::Tensor& values);  // in place
+// The same by flat indices (flat_rows(), computed once for several moves): rows of X's
+// [prod(leading)·rows, cols] view as [n, cols]; put_rows_ writes them in place (X contiguous).
+at::Tensor take_rows(const at::Tensor& X, const at::Tensor& flat);
+const at::Tensor& put_rows_(const at::Tensor& X, const at::Tensor& flat, const at::Tensor& values);
 
 // §6 Dion low-rank step on M [..., m, n] (accumulated, fp32) and Q [..., n, r].
 struct DionResult {
