@@ -674,17 +674,9 @@ class OptimizerImpl {
     const auto idx = active(g);
     if (!banks_used(g, idx)) return step_dion3_reference(g, idx, lr);
 #ifdef ORTHOPT_WITH_CUDA
-    // The weights through the multi-tensor update kernel (decay, step, master copy and skip gate
-    // in a few launches for the whole group) where it takes every tensor.
+    // The momenta and the weights through the multi-tensor kernels (one launch per bank each:
+    // momentum; decay, step, master copy and skip gate) where they take every tensor.
     const bool kernels = fused(g, idx);
-    // Every weight of the group in one update launch per bank (its row length): the direction
-    // is a bank's compact Û and a row map (-1 outside the selection).
-    struct SelectedUpdate {
-      std::vector<at::Tensor> weights, copies, directions, maps;
-      std::vector<double> factors;
-      int64_t cols = 0;
-    };
-    std::vector<SelectedUpdate> updates_k;
 #endif
     for (const Bank& b : banks(g, idx)) {
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
@@ -737,15 +729,14 @@ class OptimizerImpl {
         const at::Tensor D = U_hat.contiguous().view({-1, b.cols});                 // [B·k, cols]
         const at::Tensor map = at::full({b.size() * b.rows}, -1, rows.options().dtype(at::kInt))
                                    .index_copy_(0, flat, at::arange(flat.numel(), rows.options().dtype(at::kInt)));
-        SelectedUpdate u;
-        u.cols = b.cols;
+        std::vector<at::Tensor> weights, copies, directions, maps;
         for (size_t j = 0; j < b.params.size(); ++j) {
-          add_weights(g, b.params[j], u.weights, u.copies);
-          u.directions.push_back(D);  // the bank's; the map holds bank-wide row numbers
-          u.maps.push_back(map.narrow(0, b.offsets[j] * b.rows, (b.offsets[j + 1] - b.offsets[j]) * b.rows));
-          u.factors.push_back(factor);
+          add_weights(g, b.params[j], weights, copies);
+          directions.push_back(D);  // the bank's; the map holds bank-wide row numbers
+          maps.push_back(map.narrow(0, b.offsets[j] * b.rows, (b.offsets[j + 1] - b.offsets[j]) * b.rows));
         }
-        updates_k.push_back(std::move(u));
+        cuda::update_selected(weights, directions, maps, b.cols, copies, std::vector<double>(weights.size(), factor), lr,
+                              o.weight_decay, o.cautious_weight_decay, keep_flag());
         continue;
       }
 #endif
@@ -757,12 +748,6 @@ class OptimizerImpl {
                                                              o.weight_decay, o.cautious_weight_decay),
                          W_old);
     }
-#ifdef ORTHOPT_WITH_CUDA
-    if (kernels)
-      for (const SelectedUpdate& u : updates_k)
-        cuda::update_selected(u.weights, u.directions, u.maps, u.cols, u.copies, u.factors, lr, o.weight_decay,
-                              o.cautious_weight_decay, keep_flag());
-#endif
   }
 
   // The per-matrix reference path of step_dion3().
