@@ -7,8 +7,9 @@
 // the batched path performs the reference's operations on the same values, and on the CPU the
 // batched reductions (row L1 norms, row means, per-matrix Frobenius norms), topk, gather, scatter
 // and the Newton–Schulz products give each slice of a stack the bits they give it alone. (One
-// exception, outside these small shapes: an fp64 norm of a lone matrix of more than 32768
-// elements is split across threads; docs/optimizers.md, "Batched Dion3 and NorMuon".)
+// exception, outside these small shapes: an fp64 reduction over more than 32768 elements of a
+// lone matrix is split across threads (NorMuon: more than 32768 rows); docs/optimizers.md,
+// "Batched Dion3 and NorMuon".)
 // (On a GPU the reduction kernels may split a reduction differently for a different number of
 // outputs; tests/gpu/test_gpu_fused.cpp bounds that case by fp32 rounding.)
 //
