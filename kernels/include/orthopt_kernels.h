@@ -104,8 +104,7 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
                                       cudaStream_t stream);
 
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
- * of per-tensor lr factors (the lr adjustment), NULL for all 1. direction == NULL: decay only,
- * exactly the update with D = 0. */
+ * of per-tensor lr factors (the lr adjustment), NULL for all 1. */
 orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
                                     orthopt_dtype weight_dtype, const void* const* direction,
                                     orthopt_dtype direction_dtype, void* const* param_out,

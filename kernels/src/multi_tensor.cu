@@ -146,8 +146,7 @@ struct UpdateArgs {
   const uint8_t* keep;
 };
 
-// roles: 0 W (read, written), 1 direction D (NULL: D = 0, decay only), 2 parameter copy
-// (written; NULL: none)
+// roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none)
 __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table<3> t, const UpdateArgs a) {
   if (skipped(a.keep)) return;
   int64_t begin, end;
@@ -162,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant_
     for (int r = 0; r < kIlp; ++r) {
       const int64_t e = base + r * kThreads;
       w[r] = e < end ? load(W, e, a.weight_dtype) : 0.0f;
-      d[r] = e < end && D ? load(D, e, a.direction_dtype) : 0.0f;
+      d[r] = e < end ? load(D, e, a.direction_dtype) : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
@@ -432,10 +431,9 @@ extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* num
   ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
   if (count == 0) return ORTHOPT_OK;
   ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
-  if (direction) ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
   if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
   if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  if (!direction) direction_dtype = ORTHOPT_FP32;  // never read
   const UpdateArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype, keep};
   return for_each_table<3>(count, numel, {weight, direction, param_out}, factor,
                            [&](const Table<3>& t, int64_t blocks) -> orthopt_status {

@@ -153,7 +153,7 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
             double weight_decay, bool cautious, const at::Tensor& keep) {
   const char* fn = "orthopt::cuda::update";
   const std::vector<List> lists = {
-      {&weights, "weights"}, {&directions, "directions", /*optional=*/true}, {&param_copies, "param_copies", true}};
+      {&weights, "weights"}, {&directions, "directions"}, {&param_copies, "param_copies", /*optional=*/true}};
   const auto groups = by_dtypes(lists, fn);
   TORCH_CHECK(factors.size() == weights.size(), fn, ": argument 'factors' has ", factors.size(), " entries, expected ",
               weights.size());
@@ -169,9 +169,8 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
     std::vector<double> factor;
     for (size_t i : idx) factor.push_back(factors[i]);
     const orthopt_dtype param_dtype = dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]);
-    const orthopt_dtype direction_dtype = dt[1] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[1]);
     check_status(orthopt_multi_update(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
-                                      static_cast<orthopt_dtype>(dt[0]), data_or_null(D), direction_dtype,
+                                      static_cast<orthopt_dtype>(dt[0]), D.data(), static_cast<orthopt_dtype>(dt[1]),
                                       data_or_null(P), param_dtype, factor.data(), lr_ptr, weight_decay,
                                       cautious ? 1 : 0, keep_ptr, stream),
                  "orthopt_multi_update");

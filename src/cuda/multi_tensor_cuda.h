@@ -26,8 +26,7 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
               const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
               const at::Tensor& keep);
 
-// W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0). `directions` empty
-// (or an entry undefined): D = 0 there, the decay alone, bit for bit the update with zeros.
+// W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0).
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
             double weight_decay, bool cautious, const at::Tensor& keep);

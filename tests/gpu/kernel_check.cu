@@ -433,9 +433,8 @@ void check_copy(const List& P, const List& W, int64_t e, double w_ref, double to
   }
 }
 
-// no_direction: direction == NULL, the decay alone (the reference with D = 0).
 void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
-                  bool cautious, double wd, int keep_mode, std::mt19937& rng, bool no_direction = false) {
+                  bool cautious, double wd, int keep_mode, std::mt19937& rng) {
   const double lr = 0.037;
   List W(dw, numel), D(dd, numel), P(dp, numel);
   W.fill(rng, 0.5);
@@ -451,15 +450,14 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
   const Keep keep(keep_mode);
   auto pw = W.ptrs(), pd = D.ptrs(), pp = P.ptrs();
   const orthopt_status st =
-      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw,
-                           no_direction ? nullptr : pd.data(), dd,
+      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd,
                            copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
   if (call_failed(st, "multi update")) return;
   W.download();
   P.download();
   const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
                              (cautious ? "cautious " : "") + "wd=" + std::to_string(wd).substr(0, 4) + " " +
-                             (no_direction ? "D=NULL " : "") + keep_name(keep_mode);
+                             keep_name(keep_mode);
   if (keep_mode == 2) {
     report(W.bytes == W0 && P.bytes == P0, "update", config, numel, 0.0, true);
     return;
@@ -467,7 +465,7 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
   Worst worst;
   for (size_t i = 0; i < numel.size(); ++i)
     for (int64_t e = W.offset[i]; e < W.offset[i] + numel[i]; ++e) {
-      const double w = decode(W0, dw, e), d = no_direction ? 0.0 : D.get(e);
+      const double w = decode(W0, dw, e), d = D.get(e);
       const double ref = decoupled_ref(w, d, lr, wd, factor[i], cautious);
       const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor[i] * std::fabs(d)) + floor_of(dw);
       worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
@@ -765,8 +763,6 @@ void check_multi(bool quick, std::mt19937& rng) {
     check_update(sz, F32, B16, true, B16, true, 0.1, 1, rng);
     check_update(sz, B16, F16, false, F32, false, 0.0, 0, rng);
     check_update(sz, F32, F32, true, F16, true, 0.05, 0, rng);
-    check_update(sz, F32, F32, true, B16, true, 0.1, 1, rng, /*no_direction=*/true);  // Dion3's decay
-    check_update(sz, F32, B16, false, F32, false, 0.1, 0, rng, /*no_direction=*/true);
     check_momentum(sz, F32, B16, F32, false, false, 1, rng, /*no_out=*/true);  // Dion3's M ← M + G
     check_adamw(sz, F32, F32, F32, false, F32, false, 0.01, 0, rng);
     check_adamw(sz, B16, F32, F32, true, B16, true, 0.1, 1, rng);
@@ -778,7 +774,6 @@ void check_multi(bool quick, std::mt19937& rng) {
   for (const auto& sz : {sizes_basic(), sizes_many(150)}) {  // skip: nothing written, NaN gradients too
     check_momentum(sz, F32, F32, B16, true, false, 2, rng);
     check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng);
-    check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng, /*no_direction=*/true);
     check_adamw(sz, F32, F32, F32, true, B16, true, 0.1, 2, rng);
     check_lion(sz, F32, F32, F32, true, B16, false, 0.1, 2, rng);
   }
