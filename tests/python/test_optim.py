@@ -120,6 +120,23 @@ def _run(opt_factory, params, steps, start=0, opt=None):
     return opt
 
 
+def _expect_round_trip_continues(factory, a, opt_a, steps):
+    """opt_a (over params a, `steps` steps taken) saved through torch.save and loaded into a
+    fresh optimizer over copies of a: `steps` more steps on both give the same params and state."""
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    b = [p.detach().clone().requires_grad_() for p in a]
+    opt_b = factory(b)
+    buf.seek(0)
+    opt_b.load_state_dict(torch.load(buf))
+    _run(factory, a, steps, start=steps, opt=opt_a)
+    _run(factory, b, steps, start=steps, opt=opt_b)
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+        for k in opt_a.state[p]:
+            assert torch.equal(opt_a.state[p][k], opt_b.state[q][k]), k
+
+
 @pytest.mark.parametrize("cls", [orthopt.Muon, orthopt.NorMuon, orthopt.Dion3, orthopt.Dion])
 def test_state_dict_round_trip_continues_bit_identically(cls):
     def factory(ps):
@@ -127,20 +144,7 @@ def test_state_dict_round_trip_continues_bit_identically(cls):
 
     shapes = [(12, 20), (20, 12), (20,)]
     a = make_params(shapes, seed=3, dtype=torch.float32)
-    opt_a = _run(factory, a, 3)
-    buf = io.BytesIO()
-    torch.save(opt_a.state_dict(), buf)
-    b = [p.detach().clone().requires_grad_() for p in a]
-    opt_b = factory(b)
-    buf.seek(0)
-    opt_b.load_state_dict(torch.load(buf))
-    _run(factory, a, 3, start=3, opt=opt_a)
-    _run(factory, b, 3, start=3, opt=opt_b)
-    for p, q in zip(a, b):
-        assert torch.equal(p, q)
-    for p, q in zip(a, b):
-        for k in opt_a.state[p]:
-            assert torch.equal(opt_a.state[p][k], opt_b.state[q][k]), k
+    _expect_round_trip_continues(factory, a, _run(factory, a, 3), 3)
 
 
 def test_dion3_banked_state_is_live_and_round_trips(monkeypatch):
@@ -160,19 +164,8 @@ def test_dion3_banked_state_is_live_and_round_trips(monkeypatch):
     m0, m2 = opt_a.state[a[0]]["momentum"], opt_a.state[a[2]]["momentum"]
     assert m2.data_ptr() - m0.data_ptr() == 2 * m0.numel() * m0.element_size()  # one buffer
     before = opt_a.state[a[1]]["momentum"].clone()
-    buf = io.BytesIO()
-    torch.save(opt_a.state_dict(), buf)
-    b = [p.detach().clone().requires_grad_() for p in a]
-    opt_b = factory(b)
-    buf.seek(0)
-    opt_b.load_state_dict(torch.load(buf))
-    _run(factory, a, 2, start=2, opt=opt_a)
-    _run(factory, b, 2, start=2, opt=opt_b)
+    _expect_round_trip_continues(factory, a, opt_a, 2)
     assert not torch.equal(opt_a.state[a[1]]["momentum"], before)  # opt.state shows the steps
-    for p, q in zip(a, b):
-        assert torch.equal(p, q)
-        for k in opt_a.state[p]:
-            assert torch.equal(opt_a.state[p][k], opt_b.state[q][k]), k
 
 
 def test_load_state_dict_mismatch_raises_and_changes_nothing():
