@@ -26,8 +26,16 @@ typedef enum {
   ORTHOPT_SYM_DENSE = 3,  /* one dense cuBLASLt product (fewest launches, for small m): both
                              triangles, symmetric up to rounding; for B != A it multiplies by B
                              as stored (equal to Bᵀ by the symmetry contract) */
-  ORTHOPT_SYM_WGMMA = 4   /* our Hopper kernel (wgmma + TMA, sm_90a builds on compute capability
-                             9.0): lower tiles only, each written twice, like NATIVE */
+  ORTHOPT_SYM_WGMMA = 4,  /* our Hopper kernel (wgmma + TMA, sm_90a builds on compute capability
+                             9.0): lower 128×128 tiles only, each written twice, like NATIVE;
+                             two CTAs per multiprocessor */
+  ORTHOPT_SYM_WGMMA_WIDE = 5,   /* WGMMA with 128×256 tiles (one CTA per multiprocessor, 25% less
+                                   operand traffic per FLOP; the tile across the diagonal computes
+                                   and discards its upper half) */
+  ORTHOPT_SYM_WGMMA_CLUSTER = 6 /* WGMMA's 128×128 tiles in 2×2 clusters: each operand half is
+                                   loaded once and multicast to the two CTAs that need it (half
+                                   the operand traffic per FLOP); the cluster on the diagonal
+                                   idles one CTA */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

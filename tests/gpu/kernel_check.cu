@@ -88,6 +88,8 @@ const char* name(orthopt_sym_path p) {
     case ORTHOPT_SYM_NATIVE: return "native";
     case ORTHOPT_SYM_DENSE: return "dense";
     case ORTHOPT_SYM_WGMMA: return "wgmma";
+    case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
+    case ORTHOPT_SYM_WGMMA_CLUSTER: return "wgmma_cluster";
     default: return "blocks";
   }
 }
@@ -1040,9 +1042,12 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
-    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA}) {
-      if (path == ORTHOPT_SYM_WGMMA && !hopper()) {
-        std::printf("skip sym wgmma: not a compute capability 9.0 device\n");
+    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
+                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_CLUSTER}) {
+      const bool hopper_only =
+          path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_CLUSTER;
+      if (hopper_only && !hopper()) {
+        std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
       }
       check_sym(dt, path, 1, 200, 72, true, false, rng);    // ragged tiles, k not a multiple of 32
@@ -1050,9 +1055,11 @@ int main(int argc, char** argv) {
       check_sym(dt, path, 3, 256, 64, false, true, rng);    // batched, A≠B, β·C
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
       check_sym(dt, path, 1, 201, 96, false, false, rng);   // odd m
+      check_sym(dt, path, 2, 300, 136, true, true, rng);    // 3 row blocks: a 128×256 tile past m
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
+        check_sym(dt, path, 1, 520, 200, false, true, rng);  // 5 row blocks, the last one ragged
       }
     }
     check_gemm(dt, 2, 96, 200, 72, 0, rng);
