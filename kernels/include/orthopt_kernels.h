@@ -32,10 +32,14 @@ typedef enum {
   ORTHOPT_SYM_WGMMA_WIDE = 5,   /* WGMMA with 128×256 tiles (one CTA per multiprocessor, 25% less
                                    operand traffic per FLOP; the tile across the diagonal computes
                                    and discards its upper half) */
-  ORTHOPT_SYM_WGMMA_CLUSTER = 6 /* WGMMA's 128×128 tiles in 2×2 clusters: each operand half is
+  ORTHOPT_SYM_WGMMA_CLUSTER = 6, /* WGMMA's 128×128 tiles in 2×2 clusters: each operand half is
                                    loaded once and multicast to the two CTAs that need it (half
                                    the operand traffic per FLOP); the cluster on the diagonal
                                    idles one CTA */
+  ORTHOPT_SYM_WGMMA_PINGPONG = 7 /* WGMMA's 128×128 tiles, persistent (one CTA per multiprocessor
+                                    looping over tiles, loads running ahead into the next tile),
+                                    the two consumer warpgroups taking whole tiles in turn so one's
+                                    epilogue runs under the other's main loop */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

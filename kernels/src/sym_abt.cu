@@ -8,7 +8,7 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_wide|wgmma_cluster forces a path for AUTO (experiments, A/B timings).
+// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_wide|wgmma_cluster|wgmma_pingpong forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
@@ -20,6 +20,7 @@ orthopt_sym_path forced_path() {
     if (s == "wgmma") return ORTHOPT_SYM_WGMMA;
     if (s == "wgmma_wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (s == "wgmma_cluster") return ORTHOPT_SYM_WGMMA_CLUSTER;
+    if (s == "wgmma_pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
@@ -64,7 +65,8 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   const bool chosen = path == ORTHOPT_SYM_AUTO;
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) path = auto_sym_path(batch, m, k);
-  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_CLUSTER) {
+  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_CLUSTER ||
+      path == ORTHOPT_SYM_WGMMA_PINGPONG) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

@@ -90,6 +90,7 @@ const char* name(orthopt_sym_path p) {
     case ORTHOPT_SYM_WGMMA: return "wgmma";
     case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
     case ORTHOPT_SYM_WGMMA_CLUSTER: return "wgmma_cluster";
+    case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
     default: return "blocks";
   }
 }
@@ -1043,9 +1044,9 @@ int main(int argc, char** argv) {
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_CLUSTER}) {
-      const bool hopper_only =
-          path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_CLUSTER;
+                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_CLUSTER, ORTHOPT_SYM_WGMMA_PINGPONG}) {
+      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE ||
+                               path == ORTHOPT_SYM_WGMMA_CLUSTER || path == ORTHOPT_SYM_WGMMA_PINGPONG;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
