@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
-  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma wide | wgmma cluster | wgmma pingpong | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).
   const char* only = std::getenv("SYM_BENCH_SHAPE");
   if (only) shapes = {shapes.at(std::atoi(only))};
@@ -106,16 +106,14 @@ int main(int argc, char** argv) {
     const double t1024 = median_ms(blocks(1024), 3, repeats);
     const double tnat = median_ms(native, 3, repeats);
     const double twg = median_ms(path(ORTHOPT_SYM_WGMMA), 3, repeats);
-    const double twide = median_ms(path(ORTHOPT_SYM_WGMMA_WIDE), 3, repeats);
-    const double tclu = median_ms(path(ORTHOPT_SYM_WGMMA_CLUSTER), 3, repeats);
     const double tpp = median_ms(path(ORTHOPT_SYM_WGMMA_PINGPONG), 3, repeats);
     const double tlt = median_ms(path(ORTHOPT_SYM_DENSE), 3, repeats);
     const double tauto = median_ms(path(ORTHOPT_SYM_AUTO), 3, repeats);
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, twide, tclu, tpp, tlt, tauto,
-                ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong" : ap == ORTHOPT_SYM_WGMMA_CLUSTER ? "wgmma_cluster" : ap == ORTHOPT_SYM_WGMMA_WIDE ? "wgmma_wide" : ap == ORTHOPT_SYM_WGMMA ? "wgmma" : (ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense"), tauto / t_dense, flops / t_dense * 1e-9,
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tlt, tauto,
+                ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong" : ap == ORTHOPT_SYM_WGMMA ? "wgmma" : (ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense"), tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(D);

@@ -28,18 +28,11 @@ typedef enum {
                              as stored (equal to Bᵀ by the symmetry contract) */
   ORTHOPT_SYM_WGMMA = 4,  /* our Hopper kernel (wgmma + TMA, sm_90a builds on compute capability
                              9.0): lower 128×128 tiles only, each written twice, like NATIVE;
-                             two CTAs per multiprocessor */
-  ORTHOPT_SYM_WGMMA_WIDE = 5,   /* WGMMA with 128×256 tiles (one CTA per multiprocessor, 25% less
-                                   operand traffic per FLOP; the tile across the diagonal computes
-                                   and discards its upper half) */
-  ORTHOPT_SYM_WGMMA_CLUSTER = 6, /* WGMMA's 128×128 tiles in 2×2 clusters: each operand half is
-                                   loaded once and multicast to the two CTAs that need it (half
-                                   the operand traffic per FLOP); the cluster on the diagonal
-                                   idles one CTA */
-  ORTHOPT_SYM_WGMMA_PINGPONG = 7 /* WGMMA's 128×128 tiles, persistent (one CTA per multiprocessor
-                                    looping over tiles, loads running ahead into the next tile),
-                                    the two consumer warpgroups taking whole tiles in turn so one's
-                                    epilogue runs under the other's main loop */
+                             one tile per CTA, two CTAs per multiprocessor */
+  ORTHOPT_SYM_WGMMA_PINGPONG = 5 /* the same tiles and instructions, persistent: one CTA per
+                                    multiprocessor loops over the tiles (loads run ahead into the
+                                    next tile) and its two consumer warpgroups take whole tiles in
+                                    turn, so one's epilogue runs under the other's main loop */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

@@ -56,8 +56,8 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                               cudaStream_t stream);
-// variant: ORTHOPT_SYM_WGMMA, ORTHOPT_SYM_WGMMA_WIDE or ORTHOPT_SYM_WGMMA_CLUSTER.
-orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path variant, int64_t batch, int64_t m, int64_t k, const void* A,
+// pingpong: the persistent ping-pong kernel (ORTHOPT_SYM_WGMMA_PINGPONG), else one tile per CTA.
+orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, int64_t m, int64_t k, const void* A,
                              int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                              cudaStream_t stream);

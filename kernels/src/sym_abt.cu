@@ -8,7 +8,7 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_wide|wgmma_cluster|wgmma_pingpong forces a path for AUTO (experiments, A/B timings).
+// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
@@ -18,8 +18,6 @@ orthopt_sym_path forced_path() {
     if (s == "blocks") return ORTHOPT_SYM_BLOCKS;
     if (s == "dense") return ORTHOPT_SYM_DENSE;
     if (s == "wgmma") return ORTHOPT_SYM_WGMMA;
-    if (s == "wgmma_wide") return ORTHOPT_SYM_WGMMA_WIDE;
-    if (s == "wgmma_cluster") return ORTHOPT_SYM_WGMMA_CLUSTER;
     if (s == "wgmma_pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     return ORTHOPT_SYM_AUTO;
   }();
@@ -30,19 +28,21 @@ orthopt_sym_path forced_path() {
 
 namespace orthopt_k {
 
-// Measured on an H200 (2026-11-30, bench/results/2026-11-30-h200-sym-products.md; dense cuBLAS,
-// cuBLASLt, blocks, native and wgmma in one run): the wgmma kernel (two CTAs per SM) beats every
-// other path from m = 4096 (0.76x dense at 4096², within 6% of the block path at 8192²), when
-// k >= 2m from m = 768 (12×768×3072 0.92x cuBLASLt, 66×2048×5632 0.67x, 32×2048×7168 0.69x),
-// and on large square batches (88×2048×2048 0.85x, 128×1536×2048 0.89x cuBLASLt); one dense
-// cuBLASLt product stays faster on smaller square work (32×2048×2048, 16×1536×2048, 12×768²,
-// single 2048²). Without the wgmma kernel (not Hopper, or misaligned operands) orthopt_sym_abt
+// Measured on an H200 (2026-12-01, bench/results/2026-12-01-h200-sym-products.md; dense cuBLAS,
+// cuBLASLt, blocks, native and both wgmma kernels in one run): the persistent ping-pong kernel
+// is the fastest path from m = 4096 (4096² 0.128 ms vs 0.137 one-tile-per-CTA, 0.178 cuBLASLt;
+// 8192² 0.918 vs 0.983), for k >= 2m from m = 1536 (32×2048×7168 1.71 vs 1.85; 66×2048×5632
+// 2.74 vs 3.06) and for batches of square products from m = 1536 and 7e10 multiply-adds
+// (16×1536×2048 0.190 vs 0.207 cuBLASLt; 32×2048×2048 0.612 vs 0.691; 88×2048² 1.71 vs 1.88;
+// 128×1536×2048 1.45 vs 1.59). The one-tile-per-CTA kernel stays best for k >= 2m at m = 768
+// (12×768×3072 0.058 vs 0.061); one dense cuBLASLt product for smaller work (single 2048²,
+// 12×768²). Without the wgmma kernels (not Hopper, or misaligned operands) orthopt_sym_abt
 // falls back to the rule measured on an H100: blocks from m = 4096 or m >= 2048 with k >= 3m.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
-  if (m >= 4096) return ORTHOPT_SYM_WGMMA;
-  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA;
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
-  if (m >= 1536 && work >= 4e11) return ORTHOPT_SYM_WGMMA;
+  if (m >= 4096) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 1536 && (k >= 2 * m || work >= 7e10)) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA;
   return ORTHOPT_SYM_DENSE;
 }
 
@@ -65,11 +65,10 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   const bool chosen = path == ORTHOPT_SYM_AUTO;
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) path = auto_sym_path(batch, m, k);
-  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_CLUSTER ||
-      path == ORTHOPT_SYM_WGMMA_PINGPONG) {
+  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
-      return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,
+      return sym_abt_wgmma(dtype, path == ORTHOPT_SYM_WGMMA_PINGPONG, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,
                            stride_d, stream);
     if (!chosen) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: the wgmma kernel %s", why);
     path = m >= 4096 || (m >= 2048 && k >= 3 * m) ? ORTHOPT_SYM_BLOCKS : ORTHOPT_SYM_DENSE;  // AUTO without wgmma

@@ -88,8 +88,6 @@ const char* name(orthopt_sym_path p) {
     case ORTHOPT_SYM_NATIVE: return "native";
     case ORTHOPT_SYM_DENSE: return "dense";
     case ORTHOPT_SYM_WGMMA: return "wgmma";
-    case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
-    case ORTHOPT_SYM_WGMMA_CLUSTER: return "wgmma_cluster";
     case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
     default: return "blocks";
   }
@@ -1044,9 +1042,8 @@ int main(int argc, char** argv) {
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_CLUSTER, ORTHOPT_SYM_WGMMA_PINGPONG}) {
-      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_WIDE ||
-                               path == ORTHOPT_SYM_WGMMA_CLUSTER || path == ORTHOPT_SYM_WGMMA_PINGPONG;
+                                  ORTHOPT_SYM_WGMMA_PINGPONG}) {
+      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
@@ -1056,7 +1053,7 @@ int main(int argc, char** argv) {
       check_sym(dt, path, 3, 256, 64, false, true, rng);    // batched, A≠B, β·C
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
       check_sym(dt, path, 1, 201, 96, false, false, rng);   // odd m
-      check_sym(dt, path, 2, 300, 136, true, true, rng);    // 3 row blocks: a 128×256 tile past m
+      check_sym(dt, path, 2, 300, 136, true, true, rng);    // 3 row blocks, tiles past m
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
