@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include "../../src/optim/update_math.h"  // optim_detail::normuon_normalize (internal)
 #include "orthopt/optim.h"
 #include "test_optim_reference.h"
 
@@ -169,6 +170,79 @@ TEST(OptimNorMuon, VarianceUpdate) {
   at::Tensor U = ref::newton_schulz(G, "polar_express", 5);
   at::Tensor V = (U * U).mean(1, true) * (1 - 0.8);
   EXPECT_LT(ref::rel(opt.param_state(0, 0).at("variance"), V), kTol);
+}
+
+// normuon_normalize on its own: batched [B, rows, cols] bf16 / fp16 / fp32 / fp64 inputs (and a
+// transposed view, as NS returns tall matrices) against the §4 formula in plain float64, per
+// matrix, on the input's exact values.
+//
+// Tolerance, elementwise relative: Û_rc = U_rc · f_r exactly in the reference, and the function
+// computes U_rc · f_r with one rounding, so |Û − Û_ref| <= (err(f_r) + u)·|Û_ref| with u the unit
+// roundoff of the compute dtype (fp32: 2^-24 ≈ 6e-8, also for bf16/fp16 input, whose values
+// fp32 holds exactly; fp64: 2^-53 ≈ 1.1e-16). f_r comes from a sum of `cols` positive squares
+// (relative error <= cols·u), the V blend, sqrt and reciprocal (a few u), and two sums of `rows`
+// positive terms under a sqrt (<= rows·u / 2 each): err(f_r) <= (1.5·cols + rows + 20)·u
+// ≈ 130·u for these shapes (<= 48 × 48), i.e. 8e-6 in fp32 and 1.5e-14 in fp64: bounds 1e-5
+// and 1e-13. A Û rounded to bf16 (2^-9 ≈ 2e-3) or fp16 (2^-11) fails them by orders of magnitude.
+// The new V is a shorter chain of the same terms (same bounds).
+TEST(OptimNorMuon, NormalizeMatchesFloat64Formula) {
+  auto gen = at::detail::createCPUGenerator(777);
+  const double beta2 = 0.95, eps = 1e-8;
+  // The §4 formula for one matrix U [rows, cols] and V [rows, 1], fp64.
+  auto formula = [&](const at::Tensor& U, const at::Tensor& V) -> std::pair<at::Tensor, at::Tensor> {
+    at::Tensor V_new = V * beta2 + (U * U).mean(1, true) * (1 - beta2);
+    at::Tensor Uh = U / (V_new.sqrt() + eps);
+    Uh = Uh * (U.norm().item<double>() / std::max(Uh.norm().item<double>(), 1e-8));
+    return {Uh, V_new};
+  };
+  struct Case {
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;  // [B, rows, cols]
+    bool transposed;             // U a transposed view of a contiguous [B, cols, rows]
+    bool zero_variance;          // first step: V = 0
+  };
+  const std::vector<Case> cases = {
+      {at::kBFloat16, {3, 24, 40}, false, false}, {at::kBFloat16, {2, 48, 16}, true, true},
+      {at::kHalf, {3, 24, 40}, false, false},     {at::kFloat, {3, 24, 40}, false, false},
+      {at::kFloat, {2, 48, 16}, true, false},     {at::kFloat, {4, 16, 16}, false, true},
+      {at::kDouble, {3, 24, 40}, false, false},   {at::kDouble, {2, 48, 16}, true, true}};
+  for (const auto& c : cases) {
+    const int64_t B = c.sizes[0], rows = c.sizes[1], cols = c.sizes[2];
+    // Entries ~ 1/sqrt(cols) with rows of different scales (as an orthogonalized update).
+    at::Tensor U = c.transposed ? randn({B, cols, rows}, gen, c.dtype).transpose(-2, -1)
+                                : randn({B, rows, cols}, gen, c.dtype);
+    U = (U.to(at::kDouble) * (at::rand({B, rows, 1}, gen, at::kDouble) + 0.1) / std::sqrt(double(cols)))
+            .to(c.dtype);
+    if (c.transposed) U = U.transpose(-2, -1).contiguous().transpose(-2, -1);
+    U.select(0, 0).select(0, 1).zero_();  // a zero row
+    const at::Tensor V = c.zero_variance ? at::zeros({B, rows, 1})
+                                         : at::rand({B, rows, 1}, gen, at::kDouble).div(cols).to(at::kFloat);
+    const std::string what = std::string(c10::toString(c.dtype)) + (c.transposed ? " transposed" : "") +
+                             (c.zero_variance ? " V=0" : "");
+    ASSERT_EQ(U.is_contiguous(), !c.transposed) << what;
+
+    auto [U_hat, V_new] = orthopt::optim_detail::normuon_normalize(U, V, beta2, eps);
+    const at::ScalarType expect = c.dtype == at::kDouble ? at::kDouble : at::kFloat;
+    EXPECT_EQ(U_hat.scalar_type(), expect) << what;
+    EXPECT_EQ(V_new.scalar_type(), expect) << what;
+    ASSERT_EQ(U_hat.sizes(), U.sizes()) << what;
+    ASSERT_EQ(V_new.sizes(), V.sizes()) << what;
+
+    const double tol = c.dtype == at::kDouble ? 1e-13 : 1e-5;
+    double worst_U = 0, worst_V = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      auto [Uh_ref, V_ref] = formula(U[b].to(at::kDouble), V[b].to(at::kDouble));
+      // Elementwise relative error (the reference's zeros must come out as exact zeros).
+      const at::Tensor dU = (U_hat[b].to(at::kDouble) - Uh_ref).abs();
+      EXPECT_TRUE(at::all(dU <= tol * Uh_ref.abs()).item<bool>()) << what << " matrix " << b;
+      worst_U = std::max(worst_U, (dU / Uh_ref.abs().clamp_min(1e-300)).max().item<double>());
+      const at::Tensor dV = (V_new[b].to(at::kDouble) - V_ref).abs();
+      EXPECT_TRUE(at::all(dV <= tol * V_ref.abs()).item<bool>()) << what << " matrix " << b;
+      worst_V = std::max(worst_V, (dV / V_ref.abs().clamp_min(1e-300)).max().item<double>());
+    }
+    std::cout << "normuon_normalize " << what << " " << at::IntArrayRef(c.sizes) << ": max rel err U_hat "
+              << worst_U << ", V " << worst_V << "\n";
+  }
 }
 
 // ---------------------------------------------------------------- Dion3
