@@ -39,7 +39,9 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
   const at::ScalarType acc = U.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor row_sq =
       at::linalg_vector_norm(U, 2, at::IntArrayRef{-1}, /*keepdim=*/true, acc).square();  // [..., rows, 1]
-  at::Tensor V_new = V * beta2 + row_sq * ((1.0 - beta2) / static_cast<double>(U.size(-1)));
+  // V (fp32 state) widened first: for fp64 U the blend is fp64 throughout (V·β₂ in fp32 was off
+  // by ≈ 6e-8 relative before the sum).
+  at::Tensor V_new = V.to(acc) * beta2 + row_sq * ((1.0 - beta2) / static_cast<double>(U.size(-1)));
   const at::Tensor inv = (V_new.sqrt() + eps).reciprocal();  // 1/(√V+ε) per row
   // Keep the Frobenius norm of U (per matrix): the normalization only redistributes it.
   const at::Tensor norm_U = row_sq.sum(-2, /*keepdim=*/true).sqrt();

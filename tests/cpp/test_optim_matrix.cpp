@@ -7,7 +7,7 @@
 #include <cmath>
 #include <functional>
 
-#include "../../src/optim/update_math.h"  // optim_detail::normuon_normalize (internal)
+#include "optim/update_math.h"  // optim_detail::normuon_normalize (internal)
 #include "orthopt/optim.h"
 #include "test_optim_reference.h"
 
