@@ -265,4 +265,36 @@ TEST_F(Gpu, ResultInComputeDtype) {
   }
 }
 
+// The fused Muon step's entry point for several banks: Gram inputs sharing m after orientation
+// run one Gram iteration (their m×m products as one batch). On the GPU the batched products may
+// pick other cuBLAS algorithms for the larger batch than per input, so the results are not
+// expected to be bit-identical to per-input calls (on the CPU they are: test_orthogonalize);
+// each must be as close to the float64 standard iteration as the per-input result is, and have
+// its dtype, shape and strides (tall ones as transposed views).
+TEST_F(Gpu, ManyGramBanksMatchPerInput) {
+  const std::vector<std::vector<int64_t>> shapes = {{3, 128, 512}, {2, 512, 128}, {2, 128, 384}, {2, 128, 160}};
+  std::vector<at::Tensor> G3s;
+  for (const auto& sh : shapes) G3s.push_back(spread(sh[0], sh[1], sh[2]).cuda());
+  orthopt::OrthoOptions opt;  // auto: fp16 Gram for the first three, bf16 standard for the last
+  for (const auto& G : G3s) (void)orthopt::orthogonalize(G, opt);  // warm-up (algorithm choice)
+  const auto many = orthopt::detail::orthogonalize_many_in_compute_dtype(G3s, opt);
+  ASSERT_EQ(many.size(), G3s.size());
+  orthopt::OrthoOptions ref_opt;
+  ref_opt.method = orthopt::OrthoMethod::Standard;
+  ref_opt.compute_dtype = at::kDouble;
+  for (size_t i = 0; i < G3s.size(); ++i) {
+    const at::Tensor single = orthopt::detail::orthogonalize_in_compute_dtype(G3s[i], opt);
+    EXPECT_EQ(many[i].scalar_type(), single.scalar_type()) << i;
+    EXPECT_EQ(many[i].sizes(), G3s[i].sizes()) << i;
+    EXPECT_EQ(many[i].strides(), single.strides()) << i;
+    const at::Tensor ref = orthopt::orthogonalize(G3s[i].cpu().to(at::kDouble), ref_opt);
+    const double err_many = rel_err(many[i], ref), err_single = rel_err(single, ref);
+    std::printf("input %zu %s: rel err vs float64 standard NS: many %.3e, per input %.3e, many vs per input %.3e\n",
+                i, orthopt::to_string(orthopt::resolve_method(std::min(shapes[i][1], shapes[i][2]),
+                                                              std::max(shapes[i][1], shapes[i][2]), opt)),
+                err_many, err_single, rel_err(many[i], single));
+    EXPECT_LE(err_many, 1.5 * err_single + 1e-3) << i;
+  }
+}
+
 }  // namespace
