@@ -25,6 +25,8 @@
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "sym_tiles.h"
 
@@ -429,6 +431,314 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- Ping-pong with the epilogue in registers (experiment: ORTHOPT_SYM_PP_STAGES) ----
+// Same schedule as above, but no staging buffer: the rounded pair of each accumulator 8×8
+// block is stored in place, then transposed inside the warp (movmatrix: the mma fragment layout
+// in, the same layout of the transpose out) and stored mirrored. The 66 KiB the staging
+// buffers took go to the pipeline: Stages - 2 stages load ahead of the wgmmas instead of 2.
+__device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
+  uint32_t t = 0;
+  ORTHOPT_SM90A_ASM("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(t) : "r"(v));
+  return t;
+}
+
+template <typename T>
+struct alignas(4) PairOf {
+  T v[2];
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pair_bits(const PairOf<T>& p) {
+  uint32_t b;
+  memcpy(&b, &p, 4);
+  return b;
+}
+template <typename T>
+__device__ __forceinline__ PairOf<T> pair_from_bits(uint32_t b) {
+  PairOf<T> p;
+  memcpy(&p, &b, 4);
+  return p;
+}
+
+// The epilogue of one 128×128 tile held by a warpgroup (acc0: rows 0..63, acc1: rows 64..127,
+// wgmma m64n128 layout), per 8×8 accumulator block (rows rb.., columns cb..): lane l holds row
+// l/4, columns 2(l%4) + {0, 1}; α, β·C, diag·I and the rounding in registers; the rounded pair
+// is stored in place where on or below the diagonal, then transposed inside the warp (movmatrix:
+// the fragment layout in, the same layout of the transpose out) and stored mirrored where the
+// source lies strictly below the diagonal. Cz, Dz: this matrix's C (or NULL) and D.
+template <typename T>
+__device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64], const float (&acc1)[64],
+                                                          const T* __restrict__ Cz, T* __restrict__ Dz, int m,
+                                                          int row0, int col0, float alpha, float beta, float diag) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+  constexpr int kGroup = 4;  // accumulator columns blocks per batch of C loads
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float* acc = h ? acc1 : acc0;
+#pragma unroll
+    for (int j0 = 0; j0 < 16; j0 += kGroup) {
+    // β·C: the group's 2·kGroup pairs are loaded before any is used, so their latencies overlap
+    // (one at a time, they made the epilogue longer than the other warpgroup's main loop).
+    PairOf<T> cpair[2 * kGroup];
+    if (Cz) {
+#pragma unroll
+      for (int j = j0; j < j0 + kGroup; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int gr = row0 + 64 * h + 16 * warp + 8 * half + lane / 4, gc = col0 + 8 * j + 2 * (lane % 4);
+          const T* src = Cz + static_cast<int64_t>(gr) * m + gc;
+          PairOf<T>& cp = cpair[2 * (j - j0) + half];
+          if (gr < m && gc + 1 < m && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+            cp = *reinterpret_cast<const PairOf<T>*>(src);
+          } else {
+            cp.v[0] = gr < m && gc < m ? src[0] : Elem<T>::make(0.0f);
+            cp.v[1] = gr < m && gc + 1 < m ? src[1] : Elem<T>::make(0.0f);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = j0; j < j0 + kGroup; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int rb = row0 + 64 * h + 16 * warp + 8 * half, cb = col0 + 8 * j;
+        const int gr = rb + lane / 4, gc = cb + 2 * (lane % 4);
+        PairOf<T> out;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          float v = alpha * acc[4 * j + 2 * half + q];
+          if (Cz) v += beta * Elem<T>::load(&cpair[2 * (j - j0) + half].v[q]);
+          if (gr == gc + q) v += diag;
+          out.v[q] = Elem<T>::make(v);
+        }
+        const bool in_place[2] = {gr < m && gc < m && gc <= gr, gr < m && gc + 1 < m && gc + 1 <= gr};
+        store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
+        const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
+        // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q).
+        const int mr = cb + lane / 4, mc = rb + 2 * (lane % 4);
+        const bool mirrored[2] = {mr < m && mc < m && mr < mc, mr < m && mc + 1 < m && mr < mc + 1};
+        store_pair(Dz + static_cast<int64_t>(mr) * m + mc, t.v, mirrored);
+      }
+    }
+    }
+  }
+}
+
+template <int Stages>
+constexpr size_t pp_reg_smem_bytes() {
+  return 1024 + size_t(Stages) * kPpStageBytes + 2 * Stages * sizeof(uint64_t);
+}
+
+// 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
+// (setmaxnreg), whose 128 accumulators plus the epilogue's addresses do not fit in 168.
+constexpr int kPpThreads = 384;
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  ORTHOPT_SM90A_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <typename T, int Stages>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_pingpong_reg_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                  const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d,
+                                  int m, int k, float alpha, float beta, float diag, int64_t tiles_per_mat,
+                                  int64_t total_tiles) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(Stages) * kPpStageBytes);
+  uint64_t* empty = full + Stages;
+  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
+  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
+  auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
+    *z = static_cast<int>(t / tiles_per_mat);
+    int ti = 0, tj = 0;
+    lower_tile(t % tiles_per_mat, &ti, &tj);
+    *row0 = ti * kBM;
+    *col0 = tj * kBM;
+  };
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < Stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (tid == 256) {
+      int64_t g = 0;
+      for (int64_t n = 0; n < my_tiles; ++n) {
+        int z, row0, col0;
+        locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = static_cast<int>(g % Stages);
+          const int64_t round = g / Stages;
+          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
+          mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
+          tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+          tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int w = wg, lt = tid % 128;
+  for (int64_t n = w; n < my_tiles; n += 2) {
+    int z, row0, col0;
+    locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
+    if (n > 0) named_bar_sync(1 + w, 256);
+    float acc0[64], acc1[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+    int64_t g = n * ktiles;
+    for (int kt = 0; kt < ktiles; ++kt, ++g) {
+      const int s = static_cast<int>(g % Stages);
+      mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
+      const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2), db = smem_desc(tile_b(s));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+        wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+    }
+    if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);
+    wgmma_wait<0>();
+    if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+
+    store_tile_lower_mirrored<T>(acc0, acc1, C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
+  }
+}
+
+// ---- Cooperative pairs (experiment: ORTHOPT_SYM_PP_STAGES = 10 + stages) ----
+// Persistent like the ping-pong kernel, but both consumer warpgroups work at once on one unit
+// of two horizontally adjacent lower tiles (ti, 2p) and (ti, 2p + 1), sharing the A stage: per
+// 64-deep step 48 KiB of operands for 2·128·128·64 multiply-adds instead of 32 KiB for half as
+// many (the ping-pong kernel ran at 76% of L2 throughput with the tensor cores 63% busy). A row
+// with an odd number of tiles ends in a single diagonal tile, which warpgroup 0 computes alone.
+// Units: row ti has ceil((ti + 1) / 2); S(ti) = floor((ti + 1)² / 4) come before it.
+__device__ __forceinline__ int64_t units_before_row(int64_t ti) { return (ti + 1) * (ti + 1) / 4; }
+__device__ __forceinline__ void pair_unit(int64_t u, int* ti_out, int* p_out) {
+  int64_t ti = static_cast<int64_t>(2.0 * sqrt(static_cast<double>(u)));
+  while (ti > 0 && units_before_row(ti) > u) --ti;
+  while (units_before_row(ti + 1) <= u) ++ti;
+  *ti_out = static_cast<int>(ti);
+  *p_out = static_cast<int>(u - units_before_row(ti));
+}
+
+template <int Stages>
+constexpr size_t pair_smem_bytes() {
+  return 1024 + size_t(Stages) * 3 * kBM * kBK * 2 + 2 * Stages * sizeof(uint64_t);
+}
+
+template <typename T, int Stages>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k,
+                          float alpha, float beta, float diag, int64_t units_per_mat, int64_t total_units) {
+  constexpr size_t kTile = size_t(kBM) * kBK * 2, kStage = 3 * kTile;  // A, B of tile 2p, B of tile 2p + 1
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(Stages) * kStage);
+  uint64_t* empty = full + Stages;
+  auto stage = [&](int s) { return smem + static_cast<size_t>(s) * kStage; };
+  // Unit u: matrix z, rows [row0, +128), columns [col0, +128) and, when two, [col0 + 128, +128).
+  auto locate = [&](int64_t u, int* z, int* row0, int* col0, bool* two) {
+    *z = static_cast<int>(u / units_per_mat);
+    int ti = 0, p = 0;
+    pair_unit(u % units_per_mat, &ti, &p);
+    *row0 = ti * kBM;
+    *col0 = 2 * p * kBM;
+    *two = 2 * p + 1 <= ti;
+  };
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_units = (total_units - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < Stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);  // one thread of each consumer warpgroup
+    }
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (tid == 256) {
+      int64_t g = 0;
+      for (int64_t n = 0; n < my_units; ++n) {
+        int z, row0, col0;
+        bool two;
+        locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0, &two);
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = static_cast<int>(g % Stages);
+          const int64_t round = g / Stages;
+          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
+          mbar_expect_tx(&full[s], static_cast<uint32_t>(two ? kStage : 2 * kTile));
+          tma_load(stage(s), &map_a, &full[s], kt * kBK, row0, z);
+          tma_load(stage(s) + kTile, &map_b, &full[s], kt * kBK, col0, z);
+          if (two) tma_load(stage(s) + 2 * kTile, &map_b, &full[s], kt * kBK, col0 + kBM, z);
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int w = wg, lt = tid % 128;
+  int64_t g = 0;
+  for (int64_t n = 0; n < my_units; ++n) {
+    int z, row0, col0;
+    bool two;
+    locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0, &two);
+    const bool active = w == 0 || two;
+    float acc0[64], acc1[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+    for (int kt = 0; kt < ktiles; ++kt, ++g) {
+      const int s = static_cast<int>(g % Stages);
+      mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
+      if (active) {
+        const uint64_t da0 = smem_desc(stage(s)), da1 = smem_desc(stage(s) + 64 * kBK * 2),
+                       db = smem_desc(stage(s) + (1 + w) * kTile);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+          wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+    }
+    wgmma_wait<0>();
+    if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+    if (active)
+      store_tile_lower_mirrored<T>(acc0, acc1, C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                   D + static_cast<int64_t>(z) * stride_d, m, row0, col0 + w * kBM, alpha, beta,
+                                   diag);
+  }
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
 // binaries still load on machines without a driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -517,6 +827,60 @@ orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, in
   return ORTHOPT_OK;
 }
 
+template <typename T, int Stages>
+orthopt_status launch_pingpong_reg(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                                   int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                                   int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                                   cudaStream_t stream) {
+  static thread_local int configured_device = -1;
+  static thread_local int sm_count = 0;
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  if (configured_device != device) {
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, Stages>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(pp_reg_smem_bytes<Stages>())));
+    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    configured_device = device;
+  }
+  CUtensorMap map_a, map_b;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
+  const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
+  const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
+  sym_wgmma_pingpong_reg_kernel<T, Stages><<<grid, kPpThreads, pp_reg_smem_bytes<Stages>(), stream>>>(
+      map_a, map_b, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
+      static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
+template <typename T, int Stages>
+orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
+                           const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
+                           float diag, void* D, int64_t stride_d, cudaStream_t stream) {
+  static thread_local int configured_device = -1;
+  static thread_local int sm_count = 0;
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  if (configured_device != device) {
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pair_kernel<T, Stages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(pair_smem_bytes<Stages>())));
+    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    configured_device = device;
+  }
+  CUtensorMap map_a, map_b;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
+  const int64_t t = (m + kBM - 1) / kBM, per_matrix = (t + 1) * (t + 1) / 4, total = per_matrix * batch;
+  const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
+  sym_wgmma_pair_kernel<T, Stages><<<grid, kPpThreads, pair_smem_bytes<Stages>(), stream>>>(
+      map_a, map_b, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
+      static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
 }  // namespace
 
 bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
@@ -546,8 +910,40 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, 
   auto run = [&](auto launcher) {
     return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
   };
-  if (dtype == ORTHOPT_BF16) return pingpong ? run(launch_pingpong<__nv_bfloat16>) : run(launch<__nv_bfloat16>);
-  return pingpong ? run(launch_pingpong<__half>) : run(launch<__half>);
+  if (pingpong) return sym_abt_pingpong_variant(pingpong_variant(), dtype, batch, m, k, A, stride_a, B, stride_b,
+                                                alpha, C, stride_c, beta, diag, D, stride_d, stream);
+  if (dtype == ORTHOPT_BF16) return run(launch<__nv_bfloat16>);
+  return run(launch<__half>);
+}
+
+// Experiment: ORTHOPT_SYM_PP_STAGES=0 is the staged epilogue with 4 stages, 4..7 the register
+// epilogue with that many stages (default 6).
+int pingpong_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("ORTHOPT_SYM_PP_STAGES");
+    return e ? std::atoi(e) : 4;
+  }();
+  return v;
+}
+
+orthopt_status sym_abt_pingpong_variant(int variant, orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
+                                        const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha,
+                                        const void* C, int64_t stride_c, float beta, float diag, void* D,
+                                        int64_t stride_d, cudaStream_t stream) {
+  auto run = [&](auto launcher) {
+    return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
+  };
+  const bool bf = dtype == ORTHOPT_BF16;
+  switch (variant) {
+    case 0: return bf ? run(launch_pingpong<__nv_bfloat16>) : run(launch_pingpong<__half>);
+    case 4: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 4>) : run(launch_pingpong_reg<__half, 4>);
+    case 5: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 5>) : run(launch_pingpong_reg<__half, 5>);
+    case 6: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 6>) : run(launch_pingpong_reg<__half, 6>);
+    case 7: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 7>) : run(launch_pingpong_reg<__half, 7>);
+    case 13: return bf ? run(launch_pair<__nv_bfloat16, 3>) : run(launch_pair<__half, 3>);
+    case 14: return bf ? run(launch_pair<__nv_bfloat16, 4>) : run(launch_pair<__half, 4>);
+    default: return fail(ORTHOPT_ERR_INVALID, "ORTHOPT_SYM_PP_STAGES: %d is not 0, 4, 5, 6, 7, 13 or 14", variant);
+  }
 }
 
 }  // namespace orthopt_k
