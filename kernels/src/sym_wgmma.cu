@@ -434,8 +434,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- Ping-pong with the epilogue in registers (experiment: ORTHOPT_SYM_PP_STAGES) ----
 // Same schedule as above, but no staging buffer: the rounded pair of each accumulator 8×8
 // block is stored in place, then transposed inside the warp (movmatrix: the mma fragment layout
-// in, the same layout of the transpose out) and stored mirrored. The 66 KiB the staging
-// buffers took go to the pipeline: Stages - 2 stages load ahead of the wgmmas instead of 2.
+// in, the same layout of the transpose out) and stored mirrored. With CTma, the producer also
+// loads each tile's C by TMA into the owning warpgroup's C buffer while the tile's main loop
+// runs (C read from global memory in the epilogue made it longer than the other warpgroup's
+// main loop: +50% at 88×2048²).
 __device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
   uint32_t t = 0;
   ORTHOPT_SM90A_ASM("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(t) : "r"(v));
@@ -460,77 +462,86 @@ __device__ __forceinline__ PairOf<T> pair_from_bits(uint32_t b) {
   return p;
 }
 
+// A 128×128 C tile in shared memory as two TMA boxes of 64 columns (128-byte rows, 128-byte
+// swizzle: 16-byte chunk j of row r sits at chunk j ^ (r % 8)); the pair at (r, c), c even.
+constexpr size_t kCTileBytes = size_t(kBM) * kBM * 2;
+template <typename T>
+__device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r, int c) {
+  const int box = c >> 6, cc = c & 63;
+  const int off = box * (kBM * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
+  return *reinterpret_cast<const PairOf<T>*>(cs + off);
+}
+
 // The epilogue of one 128×128 tile held by a warpgroup (acc0: rows 0..63, acc1: rows 64..127,
 // wgmma m64n128 layout), per 8×8 accumulator block (rows rb.., columns cb..): lane l holds row
 // l/4, columns 2(l%4) + {0, 1}; α, β·C, diag·I and the rounding in registers; the rounded pair
-// is stored in place where on or below the diagonal, then transposed inside the warp (movmatrix:
-// the fragment layout in, the same layout of the transpose out) and stored mirrored where the
-// source lies strictly below the diagonal. Cz, Dz: this matrix's C (or NULL) and D.
+// is stored in place where on or below the diagonal, then transposed inside the warp and stored
+// mirrored where the source lies strictly below the diagonal. C from the shared tile Cs when
+// given, else from Cz (this matrix's C in global memory, or NULL); Dz: this matrix's D.
 template <typename T>
 __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64], const float (&acc1)[64],
-                                                          const T* __restrict__ Cz, T* __restrict__ Dz, int m,
-                                                          int row0, int col0, float alpha, float beta, float diag) {
+                                                          const unsigned char* Cs, const T* __restrict__ Cz,
+                                                          T* __restrict__ Dz, int m, int row0, int col0, float alpha,
+                                                          float beta, float diag) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-  constexpr int kGroup = 4;  // accumulator columns blocks per batch of C loads
+  constexpr int kGroup = 4;  // accumulator column blocks per batch of global C loads
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float* acc = h ? acc1 : acc0;
 #pragma unroll
     for (int j0 = 0; j0 < 16; j0 += kGroup) {
-    // β·C: the group's 2·kGroup pairs are loaded before any is used, so their latencies overlap
-    // (one at a time, they made the epilogue longer than the other warpgroup's main loop).
-    PairOf<T> cpair[2 * kGroup];
-    if (Cz) {
+      // Global β·C: the group's 2·kGroup pairs are loaded before any is used, so their
+      // latencies overlap.
+      PairOf<T> cpair[2 * kGroup];
 #pragma unroll
       for (int j = j0; j < j0 + kGroup; ++j) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int gr = row0 + 64 * h + 16 * warp + 8 * half + lane / 4, gc = col0 + 8 * j + 2 * (lane % 4);
-          const T* src = Cz + static_cast<int64_t>(gr) * m + gc;
+          const int r = 64 * h + 16 * warp + 8 * half + lane / 4, c = 8 * j + 2 * (lane % 4);
+          const int gr = row0 + r, gc = col0 + c;
           PairOf<T>& cp = cpair[2 * (j - j0) + half];
-          if (gr < m && gc + 1 < m && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
-            cp = *reinterpret_cast<const PairOf<T>*>(src);
-          } else {
-            cp.v[0] = gr < m && gc < m ? src[0] : Elem<T>::make(0.0f);
-            cp.v[1] = gr < m && gc + 1 < m ? src[1] : Elem<T>::make(0.0f);
+          if (Cs) {
+            cp = c_tile_pair<T>(Cs, r, c);
+          } else if (Cz) {
+            const T* src = Cz + static_cast<int64_t>(gr) * m + gc;
+            if (gr < m && gc + 1 < m && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+              cp = *reinterpret_cast<const PairOf<T>*>(src);
+            } else {
+              cp.v[0] = gr < m && gc < m ? src[0] : Elem<T>::make(0.0f);
+              cp.v[1] = gr < m && gc + 1 < m ? src[1] : Elem<T>::make(0.0f);
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int j = j0; j < j0 + kGroup; ++j) {
+      for (int j = j0; j < j0 + kGroup; ++j) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int rb = row0 + 64 * h + 16 * warp + 8 * half, cb = col0 + 8 * j;
-        const int gr = rb + lane / 4, gc = cb + 2 * (lane % 4);
-        PairOf<T> out;
+        for (int half = 0; half < 2; ++half) {
+          const int rb = row0 + 64 * h + 16 * warp + 8 * half, cb = col0 + 8 * j;
+          const int gr = rb + lane / 4, gc = cb + 2 * (lane % 4);
+          PairOf<T> out;
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          float v = alpha * acc[4 * j + 2 * half + q];
-          if (Cz) v += beta * Elem<T>::load(&cpair[2 * (j - j0) + half].v[q]);
-          if (gr == gc + q) v += diag;
-          out.v[q] = Elem<T>::make(v);
+          for (int q = 0; q < 2; ++q) {
+            float v = alpha * acc[4 * j + 2 * half + q];
+            if (Cs || Cz) v += beta * Elem<T>::load(&cpair[2 * (j - j0) + half].v[q]);
+            if (gr == gc + q) v += diag;
+            out.v[q] = Elem<T>::make(v);
+          }
+          const bool in_place[2] = {gr < m && gc < m && gc <= gr, gr < m && gc + 1 < m && gc + 1 <= gr};
+          store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
+          const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
+          // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q).
+          const int mr = cb + lane / 4, mc = rb + 2 * (lane % 4);
+          const bool mirrored[2] = {mr < m && mc < m && mr < mc, mr < m && mc + 1 < m && mr < mc + 1};
+          store_pair(Dz + static_cast<int64_t>(mr) * m + mc, t.v, mirrored);
         }
-        const bool in_place[2] = {gr < m && gc < m && gc <= gr, gr < m && gc + 1 < m && gc + 1 <= gr};
-        store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
-        const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
-        // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q).
-        const int mr = cb + lane / 4, mc = rb + 2 * (lane % 4);
-        const bool mirrored[2] = {mr < m && mc < m && mr < mc, mr < m && mc + 1 < m && mr < mc + 1};
-        store_pair(Dz + static_cast<int64_t>(mr) * m + mc, t.v, mirrored);
       }
-    }
     }
   }
 }
 
-template <int Stages>
-constexpr size_t pp_reg_smem_bytes() {
-  return 1024 + size_t(Stages) * kPpStageBytes + 2 * Stages * sizeof(uint64_t);
-}
-
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
-// (setmaxnreg), whose 128 accumulators plus the epilogue's addresses do not fit in 168.
+// (setmaxnreg): 128 accumulators plus the epilogue's addresses and C pairs need more than 168.
 constexpr int kPpThreads = 384;
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -541,16 +552,26 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-template <typename T, int Stages>
+constexpr int kRegStages = 4;  // 4, 5, 6, 7 measured on an H200: 4 fastest
+template <bool CTma>
+constexpr size_t pp_reg_smem_bytes() {
+  return 1024 + size_t(kRegStages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * kRegStages + 4) * sizeof(uint64_t);
+}
+
+template <typename T, bool CTma>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pingpong_reg_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                                  const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d,
-                                  int m, int k, float alpha, float beta, float diag, int64_t tiles_per_mat,
-                                  int64_t total_tiles) {
+                                  const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C,
+                                  int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k, float alpha,
+                                  float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
+  constexpr int Stages = kRegStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(Stages) * kPpStageBytes);
+  unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
   uint64_t* empty = full + Stages;
+  uint64_t* c_full = empty + Stages;  // [2]: the warpgroup's C tile has landed
+  uint64_t* c_empty = c_full + 2;     // [2]: the warpgroup has read its C tile
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
@@ -560,6 +581,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     *row0 = ti * kBM;
     *col0 = tj * kBM;
   };
+  const bool c_by_tma = CTma && C != nullptr;  // the launcher sends C that TMA cannot address to CTma = false
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
@@ -568,6 +590,10 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     for (int s = 0; s < Stages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
+    }
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(&c_full[w], 1);
+      mbar_init(&c_empty[w], 1);
     }
     ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -580,6 +606,15 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       for (int64_t n = 0; n < my_tiles; ++n) {
         int z, row0, col0;
         locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
+        if (c_by_tma) {  // tile n's C into its warpgroup's buffer once that has read tile n - 2's
+          const int w = static_cast<int>(n & 1);
+          const int64_t u = n >> 1;
+          if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
+          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
+          unsigned char* cs = cbuf + w * kCTileBytes;
+          tma_load(cs, &map_c, &c_full[w], col0, row0, z);
+          tma_load(cs + kCTileBytes / 2, &map_c, &c_full[w], col0 + 64, row0, z);
+        }
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
           const int s = static_cast<int>(g % Stages);
           const int64_t round = g / Stages;
@@ -598,6 +633,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   for (int64_t n = w; n < my_tiles; n += 2) {
     int z, row0, col0;
     locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
+    // The other warpgroup has issued the last wgmma of tile n - 1: every stage before this
+    // tile's has completed its load, so the parity waits below cannot match an older phase.
     if (n > 0) named_bar_sync(1 + w, 256);
     float acc0[64], acc1[64];
 #pragma unroll
@@ -614,128 +651,24 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
       }
       wgmma_commit();
-      wgmma_wait<1>();
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
-    }
-    if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);
-    wgmma_wait<0>();
-    if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
-
-    store_tile_lower_mirrored<T>(acc0, acc1, C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
-  }
-}
-
-// ---- Cooperative pairs (experiment: ORTHOPT_SYM_PP_STAGES = 10 + stages) ----
-// Persistent like the ping-pong kernel, but both consumer warpgroups work at once on one unit
-// of two horizontally adjacent lower tiles (ti, 2p) and (ti, 2p + 1), sharing the A stage: per
-// 64-deep step 48 KiB of operands for 2·128·128·64 multiply-adds instead of 32 KiB for half as
-// many (the ping-pong kernel ran at 76% of L2 throughput with the tensor cores 63% busy). A row
-// with an odd number of tiles ends in a single diagonal tile, which warpgroup 0 computes alone.
-// Units: row ti has ceil((ti + 1) / 2); S(ti) = floor((ti + 1)² / 4) come before it.
-__device__ __forceinline__ int64_t units_before_row(int64_t ti) { return (ti + 1) * (ti + 1) / 4; }
-__device__ __forceinline__ void pair_unit(int64_t u, int* ti_out, int* p_out) {
-  int64_t ti = static_cast<int64_t>(2.0 * sqrt(static_cast<double>(u)));
-  while (ti > 0 && units_before_row(ti) > u) --ti;
-  while (units_before_row(ti + 1) <= u) ++ti;
-  *ti_out = static_cast<int>(ti);
-  *p_out = static_cast<int>(u - units_before_row(ti));
-}
-
-template <int Stages>
-constexpr size_t pair_smem_bytes() {
-  return 1024 + size_t(Stages) * 3 * kBM * kBK * 2 + 2 * Stages * sizeof(uint64_t);
-}
-
-template <typename T, int Stages>
-__global__ void __launch_bounds__(kPpThreads, 1)
-    sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                          const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k,
-                          float alpha, float beta, float diag, int64_t units_per_mat, int64_t total_units) {
-  constexpr size_t kTile = size_t(kBM) * kBK * 2, kStage = 3 * kTile;  // A, B of tile 2p, B of tile 2p + 1
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(Stages) * kStage);
-  uint64_t* empty = full + Stages;
-  auto stage = [&](int s) { return smem + static_cast<size_t>(s) * kStage; };
-  // Unit u: matrix z, rows [row0, +128), columns [col0, +128) and, when two, [col0 + 128, +128).
-  auto locate = [&](int64_t u, int* z, int* row0, int* col0, bool* two) {
-    *z = static_cast<int>(u / units_per_mat);
-    int ti = 0, p = 0;
-    pair_unit(u % units_per_mat, &ti, &p);
-    *row0 = ti * kBM;
-    *col0 = 2 * p * kBM;
-    *two = 2 * p + 1 <= ti;
-  };
-
-  const int tid = threadIdx.x, wg = tid / 128;
-  const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_units = (total_units - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < Stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);  // one thread of each consumer warpgroup
-    }
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 2) {
-    setmaxnreg_dec<40>();
-    if (tid == 256) {
-      int64_t g = 0;
-      for (int64_t n = 0; n < my_units; ++n) {
-        int z, row0, col0;
-        bool two;
-        locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0, &two);
-        for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % Stages);
-          const int64_t round = g / Stages;
-          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
-          mbar_expect_tx(&full[s], static_cast<uint32_t>(two ? kStage : 2 * kTile));
-          tma_load(stage(s), &map_a, &full[s], kt * kBK, row0, z);
-          tma_load(stage(s) + kTile, &map_b, &full[s], kt * kBK, col0, z);
-          if (two) tma_load(stage(s) + 2 * kTile, &map_b, &full[s], kt * kBK, col0 + kBM, z);
-        }
-      }
-    }
-    return;
-  }
-
-  setmaxnreg_inc<232>();
-  const int w = wg, lt = tid % 128;
-  int64_t g = 0;
-  for (int64_t n = 0; n < my_units; ++n) {
-    int z, row0, col0;
-    bool two;
-    locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0, &two);
-    const bool active = w == 0 || two;
-    float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-    for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % Stages);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
-      if (active) {
-        const uint64_t da0 = smem_desc(stage(s)), da1 = smem_desc(stage(s) + 64 * kBK * 2),
-                       db = smem_desc(stage(s) + (1 + w) * kTile);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-          wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
-        }
-        wgmma_commit();
-      }
       wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
       if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
     }
+    if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
-    if (active)
-      store_tile_lower_mirrored<T>(acc0, acc1, C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                   D + static_cast<int64_t>(z) * stride_d, m, row0, col0 + w * kBM, alpha, beta,
-                                   diag);
+
+    const unsigned char* cs = nullptr;
+    if (c_by_tma) {
+      cs = cbuf + w * kCTileBytes;
+      mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+    }
+    store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
+    if (c_by_tma) {
+      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read the C tile
+      if (lt == 0) mbar_arrive(&c_empty[w]);
+    }
   }
 }
 
@@ -827,7 +760,7 @@ orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, in
   return ORTHOPT_OK;
 }
 
-template <typename T, int Stages>
+template <typename T, bool CTma>
 orthopt_status launch_pingpong_reg(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                    int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                    int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -837,46 +770,35 @@ orthopt_status launch_pingpong_reg(orthopt_dtype dtype, int64_t batch, int64_t m
   int device = 0;
   ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
   if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, Stages>,
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, CTma>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(pp_reg_smem_bytes<Stages>())));
+                                          static_cast<int>(pp_reg_smem_bytes<CTma>())));
     ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     configured_device = device;
   }
-  CUtensorMap map_a, map_b;
+  CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
+  // C as a batch of [m, m] operands: the same boxes of 128 rows × 64 columns. Unused without C.
+  const bool c_by_tma = CTma && C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
+  if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
+  else map_c = map_a;
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
   const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-  sym_wgmma_pingpong_reg_kernel<T, Stages><<<grid, kPpThreads, pp_reg_smem_bytes<Stages>(), stream>>>(
-      map_a, map_b, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
-      static_cast<int>(k), alpha, beta, diag, per_matrix, total);
-  ORTHOPT_CUDA_TRY(cudaGetLastError());
-  return ORTHOPT_OK;
-}
-
-template <typename T, int Stages>
-orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
-                           const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
-                           float diag, void* D, int64_t stride_d, cudaStream_t stream) {
-  static thread_local int configured_device = -1;
-  static thread_local int sm_count = 0;
-  int device = 0;
-  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pair_kernel<T, Stages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(pair_smem_bytes<Stages>())));
-    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    configured_device = device;
+  auto kernel = c_by_tma || !CTma ? sym_wgmma_pingpong_reg_kernel<T, CTma> : sym_wgmma_pingpong_reg_kernel<T, false>;
+  if (CTma && !c_by_tma) {  // C that TMA cannot address: read it in the epilogue
+    static thread_local int configured_plain = -1;
+    if (configured_plain != device) {
+      ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, false>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(pp_reg_smem_bytes<false>())));
+      configured_plain = device;
+    }
   }
-  CUtensorMap map_a, map_b;
-  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
-  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
-  const int64_t t = (m + kBM - 1) / kBM, per_matrix = (t + 1) * (t + 1) / 4, total = per_matrix * batch;
-  const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-  sym_wgmma_pair_kernel<T, Stages><<<grid, kPpThreads, pair_smem_bytes<Stages>(), stream>>>(
-      map_a, map_b, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
-      static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+  const size_t smem = CTma && c_by_tma ? pp_reg_smem_bytes<true>() : pp_reg_smem_bytes<false>();
+  kernel<<<grid, kPpThreads, smem, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
+                                             static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
+                                             alpha, beta, diag, per_matrix, total);
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
@@ -921,7 +843,7 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, 
 int pingpong_variant() {
   static const int v = [] {
     const char* e = std::getenv("ORTHOPT_SYM_PP_STAGES");
-    return e ? std::atoi(e) : 4;
+    return e ? std::atoi(e) : 8;
   }();
   return v;
 }
@@ -936,13 +858,9 @@ orthopt_status sym_abt_pingpong_variant(int variant, orthopt_dtype dtype, int64_
   const bool bf = dtype == ORTHOPT_BF16;
   switch (variant) {
     case 0: return bf ? run(launch_pingpong<__nv_bfloat16>) : run(launch_pingpong<__half>);
-    case 4: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 4>) : run(launch_pingpong_reg<__half, 4>);
-    case 5: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 5>) : run(launch_pingpong_reg<__half, 5>);
-    case 6: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 6>) : run(launch_pingpong_reg<__half, 6>);
-    case 7: return bf ? run(launch_pingpong_reg<__nv_bfloat16, 7>) : run(launch_pingpong_reg<__half, 7>);
-    case 13: return bf ? run(launch_pair<__nv_bfloat16, 3>) : run(launch_pair<__half, 3>);
-    case 14: return bf ? run(launch_pair<__nv_bfloat16, 4>) : run(launch_pair<__half, 4>);
-    default: return fail(ORTHOPT_ERR_INVALID, "ORTHOPT_SYM_PP_STAGES: %d is not 0, 4, 5, 6, 7, 13 or 14", variant);
+    case 4: return bf ? run(launch_pingpong_reg<__nv_bfloat16, false>) : run(launch_pingpong_reg<__half, false>);
+    case 8: return bf ? run(launch_pingpong_reg<__nv_bfloat16, true>) : run(launch_pingpong_reg<__half, true>);
+    default: return fail(ORTHOPT_ERR_INVALID, "ORTHOPT_SYM_PP_STAGES: %d is not 0, 4 or 8", variant);
   }
 }
 
