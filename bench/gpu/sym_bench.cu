@@ -115,34 +115,6 @@ int main(int argc, char** argv) {
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tlt, tauto,
                 ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong" : ap == ORTHOPT_SYM_WGMMA ? "wgmma" : (ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense"), tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
-    // Experiment: the ping-pong kernel's variants (ORTHOPT_SYM_PP_STAGES values), without and
-    // with the β·C epilogue (C a separate m×m buffer, as in NS's b·A + c·A·A).
-    if (const char* vs = std::getenv("SYM_BENCH_PP_VARIANTS")) {
-      __nv_bfloat16* Cb;
-      CK(cudaMalloc(&Cb, nd * 2));
-      fill<<<1024, 256>>>(Cb, nd, 23u, 1.0f);
-      std::string line = "| variants " + std::to_string(s.batch) + "x" + std::to_string(s.m) + "x" + std::to_string(s.k);
-      for (const char* p = vs; *p;) {
-        char* end = nullptr;
-        const int v = static_cast<int>(std::strtol(p, &end, 10));
-        if (end == p) break;
-        p = end;
-        for (int with_c = 0; with_c < 2; ++with_c) {
-          const double t = median_ms(
-              [&] {
-                CK(orthopt_k::sym_abt_pingpong_variant(v, ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A,
-                                                       s.m * s.k, 1.0f, with_c ? Cb : nullptr, s.m * s.m, 0.5f, 0.0f,
-                                                       D, s.m * s.m, nullptr));
-              },
-              3, repeats);
-          char buf[64];
-          std::snprintf(buf, sizeof buf, " | v%d%s %.3f", v, with_c ? "+C" : "", t);
-          line += buf;
-        }
-      }
-      std::printf("%s |\n", line.c_str());
-      cudaFree(Cb);
-    }
     cudaFree(A);
     cudaFree(D);
   }

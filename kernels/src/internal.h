@@ -71,13 +71,6 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
 orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,
                             cudaStream_t stream);
 // The path AUTO takes for a shape (measured, see sym_abt.cu) and the block path's panel height.
-// Experiment (ORTHOPT_SYM_PP_STAGES): the ping-pong kernel's variants, 0 = staged epilogue,
-// 4..7 = register epilogue with that many pipeline stages.
-int pingpong_variant();
-orthopt_status sym_abt_pingpong_variant(int variant, orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
-                                        const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha,
-                                        const void* C, int64_t stride_c, float beta, float diag, void* D,
-                                        int64_t stride_d, cudaStream_t stream);
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k);
 int64_t auto_sym_block(int64_t m);
 

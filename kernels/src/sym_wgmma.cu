@@ -21,11 +21,13 @@
 // cores, at about half of the L2 throughput cuBLAS reaches, so operand bandwidth was not the
 // limit. Tried on the H200 and dropped (commit bf34eab has them): 128×256 tiles, one CTA per
 // SM (0.93x the time at 8192², slower on every other shape), and 2×2 clusters multicasting
-// operand halves (2–3x slower).
+// operand halves (2–3x slower). Of the persistent kernel (Nsight Compute, 88×2048²): tensor
+// cores 63% busy at 76% of L2 throughput (cuBLAS's dense 256×128 kernel: 93% at 57%), so its
+// 128×128 tiles now are L2-bound; a cooperative variant with two tiles sharing A per CTA
+// (commit 7101e25) was 1.7x slower at m = 768 and hung at m >= 1536 (not diagnosed).
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "sym_tiles.h"
@@ -275,23 +277,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// ---- Persistent ping-pong variant (ORTHOPT_SYM_WGMMA_PINGPONG) ----
+// ---- Persistent ping-pong kernel (ORTHOPT_SYM_WGMMA_PINGPONG) ----
 // One CTA per multiprocessor loops over the lower 128×128 tiles (tile t of the flattened
 // batch × tiles list goes to CTA t mod grid). The producer runs through the CTA's tiles
 // without stopping, so the next tile's first stages load while a tile finishes. Each consumer
 // warpgroup owns whole tiles, every other one of the CTA's list (two m64n128k16 per 16-deep
 // step, 128 fp32 accumulators per thread), and the two take turns on the tensor cores: a
 // warpgroup starts its main loop once the other has issued its last wgmma (named barriers
-// 1 and 2), so one warpgroup's epilogue runs under the other's main loop. The epilogue rounds
-// in registers, stages the rounded tile in the warpgroup's own shared buffer (the pipeline
-// keeps loading meanwhile) and stores it in place and mirrored.
-// 4 stages measured fastest on an H200 (3: 1.35x the time at 4096², 5: 1.2x at 8192²).
-constexpr int kPpStages = 4;
-constexpr int kPpPitch = kBM + 2;  // 16-bit elements per staged row (pitch 65 words: few bank conflicts)
+// 1 and 2), so one warpgroup's epilogue runs under the other's main loop.
+// The epilogue works in registers: the rounded pair of each accumulator 8×8 block is stored in
+// place, then transposed inside the warp (movmatrix: the mma fragment layout in, the same
+// layout of the transpose out) and stored mirrored, with no shared staging buffer (the staged
+// epilogue was 1.0-1.45x slower from 4096² to 88×2048² on an H200; 4% faster at 8192² only). β·C: the producer loads each tile's C by TMA into the owning
+// warpgroup's C buffer while the tile's main loop runs; read from global memory in the
+// epilogue, C made the epilogue longer than the other warpgroup's main loop (+50% at 88×2048²).
+// C that TMA cannot address (m % 8 != 0, misaligned) is read from global memory, in batches.
 constexpr size_t kPpStageBytes = size_t(2) * kBM * kBK * 2;
-constexpr size_t kPpEpiBytes = size_t(kBM) * kPpPitch * 2;
-constexpr size_t kPpPipeBytes = kPpStages * kPpStageBytes;
-constexpr size_t kPpSmemBytes = 1024 + kPpPipeBytes + 2 * kPpEpiBytes + 2 * kPpStages * sizeof(uint64_t);
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -300,144 +301,6 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1)
-    sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                              const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
-                              int k, float alpha, float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  T* staged[2] = {reinterpret_cast<T*>(smem + kPpPipeBytes), reinterpret_cast<T*>(smem + kPpPipeBytes + kPpEpiBytes)};
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPpPipeBytes + 2 * kPpEpiBytes);
-  uint64_t* empty = full + kPpStages;
-  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
-  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
-  // Tile t: matrix z, rows [row0, +128), columns [col0, +128).
-  auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
-    *z = static_cast<int>(t / tiles_per_mat);
-    int ti = 0, tj = 0;
-    lower_tile(t % tiles_per_mat, &ti, &tj);
-    *row0 = ti * kBM;
-    *col0 = tj * kBM;
-  };
-
-  const int tid = threadIdx.x, wg = tid / 128;
-  const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < kPpStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);  // one thread of the warpgroup that read the stage
-    }
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 2) {
-    if (tid == 256) {  // producer: every k-step of every tile of this CTA, in order
-      int64_t g = 0;
-      for (int64_t n = 0; n < my_tiles; ++n) {
-        int z, row0, col0;
-        locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
-        for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % kPpStages);
-          const int64_t round = g / kPpStages;
-          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
-          mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
-          tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
-          tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
-        }
-      }
-    }
-    return;
-  }
-
-  const int w = wg, lt = tid % 128, lane = tid & 31, warp = lt / 32;
-  T* E = staged[w];
-  for (int64_t n = w; n < my_tiles; n += 2) {
-    int z, row0, col0;
-    locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
-    // The other warpgroup has issued the last wgmma of tile n - 1: every stage before this
-    // tile's has completed its load, so the parity waits below cannot match an older phase.
-    if (n > 0) named_bar_sync(1 + w, 256);
-    float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-    int64_t g = n * ktiles;
-    for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % kPpStages);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / kPpStages) & 1));
-      const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2), db = smem_desc(tile_b(s));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-        wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
-    }
-    if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
-    wgmma_wait<0>();
-    if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
-
-    // Epilogue. Accumulator layout of wgmma m64n128 (fp32): warp w holds rows 16w..16w+15 of its
-    // 64; lane l rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1} in registers 4j + {0,1,2,3}.
-    const T* Cz = C ? C + static_cast<int64_t>(z) * stride_c : nullptr;
-    T* Dz = D + static_cast<int64_t>(z) * stride_d;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float* acc = h ? acc1 : acc0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = 64 * h + 16 * warp + lane / 4 + 8 * half, c = 8 * j + 2 * (lane % 4);
-          const int gr = row0 + r, gc = col0 + c;
-          T out[2];
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            float v = alpha * acc[4 * j + 2 * half + q];
-            if (Cz && gr < m && gc + q < m) v += beta * Elem<T>::load(Cz + static_cast<int64_t>(gr) * m + gc + q);
-            if (gr == gc + q) v += diag;
-            out[q] = Elem<T>::make(v);
-          }
-          struct alignas(4) Pair { T v[2]; };
-          *reinterpret_cast<Pair*>(E + r * kPpPitch + c) = Pair{{out[0], out[1]}};
-        }
-      }
-    }
-    named_bar_sync(3 + w, 128);
-    // In place: the elements on or below the diagonal (gc <= gr).
-    for (int e = lt; e < kBM * kBM / 2; e += 128) {
-      const int r = e / (kBM / 2), c = 2 * (e % (kBM / 2));
-      const int gr = row0 + r, gc = col0 + c;
-      if (gr >= m || gc > gr) continue;
-      const T out[2] = {E[r * kPpPitch + c], E[r * kPpPitch + c + 1]};
-      const bool wrote[2] = {gc < m, gc + 1 < m && gc + 1 <= gr};
-      store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out, wrote);
-    }
-    // Mirrored: D[col0 + r][row0 + c] = tile[c][r] where row0 + c > col0 + r.
-    for (int e = lt; e < kBM * kBM / 2; e += 128) {
-      const int r = e / (kBM / 2), c = 2 * (e % (kBM / 2));
-      const int gr = col0 + r, gc = row0 + c;
-      if (gr >= m || gc + 1 <= gr) continue;
-      const T out[2] = {E[c * kPpPitch + r], E[(c + 1) * kPpPitch + r]};
-      const bool wrote[2] = {gc < m && gc > gr, gc + 1 < m && gc + 1 > gr};
-      store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out, wrote);
-    }
-    named_bar_sync(3 + w, 128);  // the staged tile is read before the next tile overwrites it
-  }
-}
-
-// ---- Ping-pong with the epilogue in registers (experiment: ORTHOPT_SYM_PP_STAGES) ----
-// Same schedule as above, but no staging buffer: the rounded pair of each accumulator 8×8
-// block is stored in place, then transposed inside the warp (movmatrix: the mma fragment layout
-// in, the same layout of the transpose out) and stored mirrored. With CTma, the producer also
-// loads each tile's C by TMA into the owning warpgroup's C buffer while the tile's main loop
-// runs (C read from global memory in the epilogue made it longer than the other warpgroup's
-// main loop: +50% at 88×2048²).
 __device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
   uint32_t t = 0;
   ORTHOPT_SM90A_ASM("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(t) : "r"(v));
@@ -552,19 +415,19 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-constexpr int kRegStages = 4;  // 4, 5, 6, 7 measured on an H200: 4 fastest
+constexpr int kPpStages = 4;  // 4, 5, 6, 7 measured on an H200 (with this epilogue): 4 fastest
 template <bool CTma>
-constexpr size_t pp_reg_smem_bytes() {
-  return 1024 + size_t(kRegStages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * kRegStages + 4) * sizeof(uint64_t);
+constexpr size_t pp_smem_bytes() {
+  return 1024 + size_t(kPpStages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * kPpStages + 4) * sizeof(uint64_t);
 }
 
 template <typename T, bool CTma>
 __global__ void __launch_bounds__(kPpThreads, 1)
-    sym_wgmma_pingpong_reg_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+    sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                   const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C,
                                   int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k, float alpha,
                                   float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
-  constexpr int Stages = kRegStages;
+  constexpr int Stages = kPpStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
@@ -733,72 +596,47 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
+template <typename T, bool CTma>
+orthopt_status configure_pingpong(int device) {
+  static thread_local int configured_device = -1;
+  if (configured_device != device) {
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_kernel<T, CTma>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(pp_smem_bytes<CTma>())));
+    configured_device = device;
+  }
+  return ORTHOPT_OK;
+}
+
 template <typename T>
 orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                                cudaStream_t stream) {
-  static thread_local int configured_device = -1;
-  static thread_local int sm_count = 0;
-  int device = 0;
+  int device = 0, sm_count = 0;
   ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kPpSmemBytes)));
-    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    configured_device = device;
-  }
-  CUtensorMap map_a, map_b;
-  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
-  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
-  const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
-  const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-  sym_wgmma_pingpong_kernel<T><<<grid, kThreads, kPpSmemBytes, stream>>>(
-      map_a, map_b, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
-      static_cast<int>(k), alpha, beta, diag, per_matrix, total);
-  ORTHOPT_CUDA_TRY(cudaGetLastError());
-  return ORTHOPT_OK;
-}
-
-template <typename T, bool CTma>
-orthopt_status launch_pingpong_reg(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
-                                   int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
-                                   int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
-                                   cudaStream_t stream) {
-  static thread_local int configured_device = -1;
-  static thread_local int sm_count = 0;
-  int device = 0;
-  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, CTma>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(pp_reg_smem_bytes<CTma>())));
-    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    configured_device = device;
-  }
+  ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
-  // C as a batch of [m, m] operands: the same boxes of 128 rows × 64 columns. Unused without C.
-  const bool c_by_tma = CTma && C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
+  // C by TMA: a batch of [m, m] operands in the same boxes of 128 rows × 64 columns.
+  const bool c_by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
   if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
-  else map_c = map_a;
+  else map_c = map_a;  // unused
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
   const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-  auto kernel = c_by_tma || !CTma ? sym_wgmma_pingpong_reg_kernel<T, CTma> : sym_wgmma_pingpong_reg_kernel<T, false>;
-  if (CTma && !c_by_tma) {  // C that TMA cannot address: read it in the epilogue
-    static thread_local int configured_plain = -1;
-    if (configured_plain != device) {
-      ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_reg_kernel<T, false>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(pp_reg_smem_bytes<false>())));
-      configured_plain = device;
-    }
+  auto run = [&](auto kernel, size_t smem) {
+    kernel<<<grid, kPpThreads, smem, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
+                                               static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
+                                               alpha, beta, diag, per_matrix, total);
+  };
+  if (c_by_tma) {
+    ORTHOPT_STATUS_TRY((configure_pingpong<T, true>(device)));
+    run(sym_wgmma_pingpong_kernel<T, true>, pp_smem_bytes<true>());
+  } else {
+    ORTHOPT_STATUS_TRY((configure_pingpong<T, false>(device)));
+    run(sym_wgmma_pingpong_kernel<T, false>, pp_smem_bytes<false>());
   }
-  const size_t smem = CTma && c_by_tma ? pp_reg_smem_bytes<true>() : pp_reg_smem_bytes<false>();
-  kernel<<<grid, kPpThreads, smem, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
-                                             static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
-                                             alpha, beta, diag, per_matrix, total);
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
@@ -832,36 +670,8 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, 
   auto run = [&](auto launcher) {
     return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
   };
-  if (pingpong) return sym_abt_pingpong_variant(pingpong_variant(), dtype, batch, m, k, A, stride_a, B, stride_b,
-                                                alpha, C, stride_c, beta, diag, D, stride_d, stream);
-  if (dtype == ORTHOPT_BF16) return run(launch<__nv_bfloat16>);
-  return run(launch<__half>);
-}
-
-// Experiment: ORTHOPT_SYM_PP_STAGES=0 is the staged epilogue with 4 stages, 4..7 the register
-// epilogue with that many stages (default 6).
-int pingpong_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("ORTHOPT_SYM_PP_STAGES");
-    return e ? std::atoi(e) : 8;
-  }();
-  return v;
-}
-
-orthopt_status sym_abt_pingpong_variant(int variant, orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
-                                        const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha,
-                                        const void* C, int64_t stride_c, float beta, float diag, void* D,
-                                        int64_t stride_d, cudaStream_t stream) {
-  auto run = [&](auto launcher) {
-    return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
-  };
-  const bool bf = dtype == ORTHOPT_BF16;
-  switch (variant) {
-    case 0: return bf ? run(launch_pingpong<__nv_bfloat16>) : run(launch_pingpong<__half>);
-    case 4: return bf ? run(launch_pingpong_reg<__nv_bfloat16, false>) : run(launch_pingpong_reg<__half, false>);
-    case 8: return bf ? run(launch_pingpong_reg<__nv_bfloat16, true>) : run(launch_pingpong_reg<__half, true>);
-    default: return fail(ORTHOPT_ERR_INVALID, "ORTHOPT_SYM_PP_STAGES: %d is not 0, 4 or 8", variant);
-  }
+  if (dtype == ORTHOPT_BF16) return pingpong ? run(launch_pingpong<__nv_bfloat16>) : run(launch<__nv_bfloat16>);
+  return pingpong ? run(launch_pingpong<__half>) : run(launch<__half>);
 }
 
 }  // namespace orthopt_k
