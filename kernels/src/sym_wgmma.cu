@@ -424,9 +424,9 @@ constexpr size_t pp_smem_bytes() {
 template <typename T, bool CTma>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                                  const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C,
-                                  int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k, float alpha,
-                                  float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
+                              const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
+                              T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
+                              int64_t tiles_per_mat, int64_t total_tiles) {
   constexpr int Stages = kPpStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
