@@ -146,6 +146,21 @@ struct UpdateArgs {
   const uint8_t* keep;
 };
 
+// The store half of both update kernels: W (and its parameter copy) ← decoupled(w, d) for the
+// kIlp elements base + r·kThreads below end.
+__device__ __forceinline__ void store_updated(void* W, void* P, const float (&w)[kIlp], const float (&d)[kIlp],
+                                              int64_t base, int64_t end, int mode, const DecayConsts& c,
+                                              orthopt_dtype weight_dtype, orthopt_dtype param_dtype) {
+#pragma unroll
+  for (int r = 0; r < kIlp; ++r) {
+    const int64_t e = base + r * kThreads;
+    if (e >= end) continue;
+    const float w_new = decoupled(w[r], d[r], mode, c);
+    store(W, e, weight_dtype, w_new);
+    if (P) store(P, e, param_dtype, w_new);
+  }
+}
+
 // roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none)
 __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table<3> t, const UpdateArgs a) {
   if (skipped(a.keep)) return;
@@ -163,14 +178,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant_
       w[r] = e < end ? load(W, e, a.weight_dtype) : 0.0f;
       d[r] = e < end ? load(D, e, a.direction_dtype) : 0.0f;
     }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = base + r * kThreads;
-      if (e >= end) continue;
-      const float w_new = decoupled(w[r], d[r], a.decay.mode, c);
-      store(W, e, a.weight_dtype, w_new);
-      if (P) store(P, e, a.param_dtype, w_new);
-    }
+    store_updated(W, P, w, d, base, end, a.decay.mode, c, a.weight_dtype, a.param_dtype);
   }
 }
 
@@ -214,14 +222,7 @@ __global__ void __launch_bounds__(kThreads) update_selected_kernel(const __grid_
       const int32_t s = map[row];
       if (s >= 0) d[r] = load(D, static_cast<int64_t>(s) * a.cols + (e - row * a.cols), a.direction_dtype);
     }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = base + r * kThreads;
-      if (e >= end) continue;
-      const float w_new = decoupled(w[r], d[r], a.decay.mode, c);
-      store(W, e, a.weight_dtype, w_new);
-      if (P) store(P, e, a.param_dtype, w_new);
-    }
+    store_updated(W, P, w, d, base, end, a.decay.mode, c, a.weight_dtype, a.param_dtype);
   }
 }
 

@@ -427,13 +427,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                               const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
                               T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
                               int64_t tiles_per_mat, int64_t total_tiles) {
-  constexpr int Stages = kPpStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
+  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
   uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
-  uint64_t* empty = full + Stages;
-  uint64_t* c_full = empty + Stages;  // [2]: the warpgroup's C tile has landed
+  uint64_t* empty = full + kPpStages;
+  uint64_t* c_full = empty + kPpStages;  // [2]: the warpgroup's C tile has landed
   uint64_t* c_empty = c_full + 2;     // [2]: the warpgroup has read its C tile
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
@@ -450,7 +449,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   if (tid == 0) {
-    for (int s = 0; s < Stages; ++s) {
+    for (int s = 0; s < kPpStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
     }
@@ -479,8 +478,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           tma_load(cs + kCTileBytes / 2, &map_c, &c_full[w], col0 + 64, row0, z);
         }
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % Stages);
-          const int64_t round = g / Stages;
+          const int s = static_cast<int>(g % kPpStages);
+          const int64_t round = g / kPpStages;
           if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
           mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
           tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
@@ -504,8 +503,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
     int64_t g = n * ktiles;
     for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % Stages);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
+      const int s = static_cast<int>(g % kPpStages);
+      mbar_wait(&full[s], static_cast<uint32_t>((g / kPpStages) & 1));
       const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2), db = smem_desc(tile_b(s));
       wgmma_fence();
 #pragma unroll
@@ -515,11 +514,11 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
     }
     if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
-    if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
+    if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
 
     const unsigned char* cs = nullptr;
     if (c_by_tma) {
@@ -572,18 +571,29 @@ orthopt_status make_map(CUtensorMap* map, orthopt_dtype dtype, const void* base,
   return ORTHOPT_OK;
 }
 
+// Once per thread, device and kernel (each instantiation has its own statics): allow the kernel's
+// dynamic shared memory above the 48 KiB default, and look up the multiprocessor count, which a
+// driver query on every launch (one per NS product) would cost on the hot path.
+template <auto Kernel>
+orthopt_status configure_once(size_t smem_bytes, int* sm_count) {
+  static thread_local int configured_device = -1, device_sms = 0;
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  if (configured_device != device) {
+    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_bytes)));
+    ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&device_sms, cudaDevAttrMultiProcessorCount, device));
+    configured_device = device;
+  }
+  if (sm_count) *sm_count = device_sms;
+  return ORTHOPT_OK;
+}
+
 template <typename T>
 orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
                       const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
                       float diag, void* D, int64_t stride_d, cudaStream_t stream) {
-  static thread_local int configured_device = -1;
-  int device = 0;
-  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kSmemBytes)));
-    configured_device = device;
-  }
+  ORTHOPT_STATUS_TRY(configure_once<sym_wgmma_kernel<T>>(kSmemBytes, nullptr));
   CUtensorMap map_a, map_b;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
@@ -596,26 +606,11 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
-template <typename T, bool CTma>
-orthopt_status configure_pingpong(int device) {
-  static thread_local int configured_device = -1;
-  if (configured_device != device) {
-    ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(sym_wgmma_pingpong_kernel<T, CTma>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(pp_smem_bytes<CTma>())));
-    configured_device = device;
-  }
-  return ORTHOPT_OK;
-}
-
 template <typename T>
 orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                                cudaStream_t stream) {
-  int device = 0, sm_count = 0;
-  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
-  ORTHOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
@@ -624,18 +619,19 @@ orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, in
   if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
   else map_c = map_a;  // unused
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
-  const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-  auto run = [&](auto kernel, size_t smem) {
+  auto run = [&](auto kernel, size_t smem, int sm_count) {
+    const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
     kernel<<<grid, kPpThreads, smem, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
                                                static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
                                                alpha, beta, diag, per_matrix, total);
   };
+  int sm_count = 0;
   if (c_by_tma) {
-    ORTHOPT_STATUS_TRY((configure_pingpong<T, true>(device)));
-    run(sym_wgmma_pingpong_kernel<T, true>, pp_smem_bytes<true>());
+    ORTHOPT_STATUS_TRY((configure_once<sym_wgmma_pingpong_kernel<T, true>>(pp_smem_bytes<true>(), &sm_count)));
+    run(sym_wgmma_pingpong_kernel<T, true>, pp_smem_bytes<true>(), sm_count);
   } else {
-    ORTHOPT_STATUS_TRY((configure_pingpong<T, false>(device)));
-    run(sym_wgmma_pingpong_kernel<T, false>, pp_smem_bytes<false>());
+    ORTHOPT_STATUS_TRY((configure_once<sym_wgmma_pingpong_kernel<T, false>>(pp_smem_bytes<false>(), &sm_count)));
+    run(sym_wgmma_pingpong_kernel<T, false>, pp_smem_bytes<false>(), sm_count);
   }
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;

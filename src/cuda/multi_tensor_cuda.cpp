@@ -109,6 +109,30 @@ const double* lr_pointer(const at::Tensor& lr, const at::Device& device, const c
   return static_cast<const double*>(lr.data_ptr());
 }
 
+// What every call needs once its lists are checked: the device made current, its current stream,
+// and the device pointers of the skip flag and (for the kernels that take one) the learning rate.
+struct Launch {
+  c10::cuda::CUDAGuard guard;
+  cudaStream_t stream;
+  const uint8_t* keep;
+  const double* lr;
+  Launch(const at::Device& device, const at::Tensor& keep_flag, const at::Tensor* lr_tensor, const char* fn)
+      : guard(device),
+        stream(at::cuda::getCurrentCUDAStream().stream()),
+        keep(keep_pointer(keep_flag, device, fn)),
+        lr(lr_tensor ? lr_pointer(*lr_tensor, device, fn) : nullptr) {}
+};
+
+// The dtype code of an optional list's group entry; absent lists are passed as fp32 (unused).
+orthopt_dtype dtype_or_fp32(int code) { return code == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(code); }
+
+// factors[i] for i in idx.
+std::vector<double> picked(const std::vector<double>& factors, const std::vector<size_t>& idx) {
+  std::vector<double> out;
+  for (size_t i : idx) out.push_back(factors[i]);
+  return out;
+}
+
 // The kernels write through raw pointers, which autograd does not see. Bump the written tensors'
 // version counters like an in-place ATen op does (a detached view shares its parameter's), so a
 // parameter saved for a backward that has not run yet is reported by autograd, not silently used.
@@ -132,18 +156,14 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
   const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}, {&outs, "outs", /*optional=*/true}};
   const auto groups = by_dtypes(lists, fn);
   if (momenta.empty()) return;
-  const at::Device device = momenta[0].device();
-  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const Launch launch(momenta[0].device(), keep, nullptr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(momenta, idx);
     auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx);
     check_status(orthopt_multi_momentum(static_cast<int64_t>(idx.size()), numel.data(), M.data(),
                                         static_cast<orthopt_dtype>(dt[0]), G.data(), static_cast<orthopt_dtype>(dt[1]),
-                                        data_or_null(O), dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]),
-                                        mu, grad_weight, nesterov ? 1 : 0,
-                                        keep_ptr, stream),
+                                        data_or_null(O), dtype_or_fp32(dt[2]), mu, grad_weight, nesterov ? 1 : 0,
+                                        launch.keep, launch.stream),
                  "orthopt_multi_momentum");
   }
 }
@@ -158,21 +178,15 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
   TORCH_CHECK(factors.size() == weights.size(), fn, ": argument 'factors' has ", factors.size(), " entries, expected ",
               weights.size());
   if (weights.empty()) return;
-  const at::Device device = weights[0].device();
-  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
-  const double* lr_ptr = lr_pointer(lr, device, fn);
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const Launch launch(weights[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(weights, idx);
     auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx);
-    std::vector<double> factor;
-    for (size_t i : idx) factor.push_back(factors[i]);
-    const orthopt_dtype param_dtype = dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]);
+    const auto factor = picked(factors, idx);
     check_status(orthopt_multi_update(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
                                       static_cast<orthopt_dtype>(dt[0]), D.data(), static_cast<orthopt_dtype>(dt[1]),
-                                      data_or_null(P), param_dtype, factor.data(), lr_ptr, weight_decay,
-                                      cautious ? 1 : 0, keep_ptr, stream),
+                                      data_or_null(P), dtype_or_fp32(dt[2]), factor.data(), launch.lr, weight_decay,
+                                      cautious ? 1 : 0, launch.keep, launch.stream),
                  "orthopt_multi_update");
   }
   bump_versions(weights);
@@ -200,25 +214,19 @@ void update_selected(const std::vector<at::Tensor>& weights, const std::vector<a
                 " elements, has ", directions[i].numel());
   }
   if (weights.empty()) return;
-  const at::Device device = weights[0].device();
-  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
-  const double* lr_ptr = lr_pointer(lr, device, fn);
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const Launch launch(weights[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(weights, idx);
     auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx),
          R = pointers(lists[3], idx);
     std::vector<const int32_t*> maps;
     for (void* r : R) maps.push_back(static_cast<const int32_t*>(r));
-    std::vector<double> factor;
-    for (size_t i : idx) factor.push_back(factors[i]);
-    const orthopt_dtype param_dtype = dt[2] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[2]);
+    const auto factor = picked(factors, idx);
     check_status(orthopt_multi_update_selected(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
                                                static_cast<orthopt_dtype>(dt[0]), D.data(),
                                                static_cast<orthopt_dtype>(dt[1]), maps.data(), cols, data_or_null(P),
-                                               param_dtype, factor.data(), lr_ptr, weight_decay, cautious ? 1 : 0,
-                                               keep_ptr, stream),
+                                               dtype_or_fp32(dt[2]), factor.data(), launch.lr, weight_decay,
+                                               cautious ? 1 : 0, launch.keep, launch.stream),
                  "orthopt_multi_update_selected");
   }
   bump_versions(weights);
@@ -238,11 +246,7 @@ void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& 
                                    {&param_copies, "param_copies", /*optional=*/true}};
   const auto groups = by_dtypes(lists, fn);
   if (grads.empty()) return;
-  const at::Device device = grads[0].device();
-  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
-  const double* lr_ptr = lr_pointer(lr, device, fn);
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const Launch launch(grads[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
     // exp_avg and exp_avg_sq share one dtype in a kernel call.
     TORCH_CHECK(dt[1] == dt[2], fn, ": arguments 'exp_avgs' and 'exp_avg_sqs' must have the same dtype per tensor");
@@ -251,12 +255,12 @@ void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& 
     auto W = pointers(lists[4], idx), P = pointers(lists[5], idx);
     std::vector<float*> S;
     for (size_t i : idx) S.push_back(static_cast<float*>(steps[i].data_ptr()));
-    const orthopt_dtype param_dtype = dt[5] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[5]);
     check_status(orthopt_multi_adamw(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
                                      static_cast<orthopt_dtype>(dt[0]), M.data(), V.data(),
                                      static_cast<orthopt_dtype>(dt[1]), S.data(), W.data(),
-                                     static_cast<orthopt_dtype>(dt[4]), data_or_null(P), param_dtype, lr_ptr, beta1,
-                                     beta2, eps, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
+                                     static_cast<orthopt_dtype>(dt[4]), data_or_null(P), dtype_or_fp32(dt[5]),
+                                     launch.lr, beta1, beta2, eps, weight_decay, cautious ? 1 : 0, launch.keep,
+                                     launch.stream),
                  "orthopt_multi_adamw");
   }
   bump_versions(weights);
@@ -273,20 +277,16 @@ void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& e
                                    {&param_copies, "param_copies", /*optional=*/true}};
   const auto groups = by_dtypes(lists, fn);
   if (grads.empty()) return;
-  const at::Device device = grads[0].device();
-  const uint8_t* keep_ptr = keep_pointer(keep, device, fn);
-  const double* lr_ptr = lr_pointer(lr, device, fn);
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const Launch launch(grads[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(grads, idx);
     auto G = pointers(lists[0], idx), M = pointers(lists[1], idx), W = pointers(lists[2], idx);
     auto P = pointers(lists[3], idx);
-    const orthopt_dtype param_dtype = dt[3] == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(dt[3]);
     check_status(orthopt_multi_lion(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
                                     static_cast<orthopt_dtype>(dt[0]), M.data(), static_cast<orthopt_dtype>(dt[1]),
-                                    W.data(), static_cast<orthopt_dtype>(dt[2]), data_or_null(P), param_dtype, lr_ptr,
-                                    beta1, beta2, weight_decay, cautious ? 1 : 0, keep_ptr, stream),
+                                    W.data(), static_cast<orthopt_dtype>(dt[2]), data_or_null(P), dtype_or_fp32(dt[3]),
+                                    launch.lr, beta1, beta2, weight_decay, cautious ? 1 : 0, launch.keep,
+                                    launch.stream),
                  "orthopt_multi_lion");
   }
   bump_versions(weights);

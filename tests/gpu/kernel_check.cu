@@ -434,46 +434,68 @@ void check_copy(const List& P, const List& W, int64_t e, double w_ref, double to
   }
 }
 
+// The frame both update checks share: W and a direction D filled at random (D poisoned with a
+// NaN when the step is to be skipped), the copy P poisoned; then every element judged against
+// decoupled_ref, the gaps between tensors untouched, and a skipped step writing nothing.
+struct UpdateCase {
+  static constexpr double lr = 0.037;
+  List W, D, P;
+  std::vector<unsigned char> W0, P0;
+  Worst worst;
+  UpdateCase(orthopt_dtype dw, const std::vector<int64_t>& wnumel, orthopt_dtype dd,
+             const std::vector<int64_t>& dnumel, orthopt_dtype dp, int keep_mode, std::mt19937& rng)
+      : W(dw, wnumel), D(dd, dnumel), P(dp, wnumel) {
+    W.fill(rng, 0.5);
+    D.fill(rng, 1.0);
+    if (keep_mode == 2) D.set(D.offset[0], NAN);
+    W.upload();
+    D.upload();
+    P.poison();
+    W0 = W.bytes;
+    P0 = P.bytes;
+  }
+  // Element e of W after the call, whose direction entry is d (0 where none).
+  void check(int64_t e, double d, double wd, double factor, bool cautious, bool copy) {
+    const double w = decode(W0, W.dt, e);
+    const double ref = decoupled_ref(w, d, lr, wd, factor, cautious);
+    const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor * std::fabs(d)) + floor_of(W.dt);
+    worst.add(W.get(e), ref, unit(W.dt) * std::fabs(ref) + tol32);
+    if (copy) check_copy(P, W, e, ref, tol32, worst);
+  }
+  // Downloads the results; a skipped step is judged at once (nothing written). Returns whether
+  // the elements are still to be checked.
+  bool download(const char* what, const std::string& config, const std::vector<int64_t>& numel, int keep_mode) {
+    W.download();
+    P.download();
+    if (keep_mode != 2) return true;
+    report(W.bytes == W0 && P.bytes == P0, what, config, numel, 0.0, true);
+    return false;
+  }
+  void finish(const char* what, const std::string& config, const std::vector<int64_t>& numel, bool copy) const {
+    const bool gaps = W.gaps_unchanged(W0) && P.gaps_unchanged(P0);
+    report(worst.value <= 1.0 && gaps && (copy || P.bytes == P0), what, config, numel, worst.value, gaps);
+  }
+};
+
 void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
                   bool cautious, double wd, int keep_mode, std::mt19937& rng) {
-  const double lr = 0.037;
-  List W(dw, numel), D(dd, numel), P(dp, numel);
-  W.fill(rng, 0.5);
-  D.fill(rng, 1.0);
-  if (keep_mode == 2) D.set(D.offset[0], NAN);
-  W.upload();
-  D.upload();
-  P.poison();
-  const auto W0 = W.bytes, P0 = P.bytes;
+  UpdateCase u(dw, numel, dd, numel, dp, keep_mode, rng);
   std::vector<double> factor;
   for (size_t i = 0; i < numel.size(); ++i) factor.push_back(0.5 + 0.25 * static_cast<double>(i % 7));
-  const DevScalar<double> lr_dev(lr);
+  const DevScalar<double> lr_dev(UpdateCase::lr);
   const Keep keep(keep_mode);
-  auto pw = W.ptrs(), pd = D.ptrs(), pp = P.ptrs();
+  auto pw = u.W.ptrs(), pd = u.D.ptrs(), pp = u.P.ptrs();
   const orthopt_status st =
       orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd,
                            copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
   if (call_failed(st, "multi update")) return;
-  W.download();
-  P.download();
   const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
                              (cautious ? "cautious " : "") + "wd=" + std::to_string(wd).substr(0, 4) + " " +
                              keep_name(keep_mode);
-  if (keep_mode == 2) {
-    report(W.bytes == W0 && P.bytes == P0, "update", config, numel, 0.0, true);
-    return;
-  }
-  Worst worst;
+  if (!u.download("update", config, numel, keep_mode)) return;
   for (size_t i = 0; i < numel.size(); ++i)
-    for (int64_t e = W.offset[i]; e < W.offset[i] + numel[i]; ++e) {
-      const double w = decode(W0, dw, e), d = D.get(e);
-      const double ref = decoupled_ref(w, d, lr, wd, factor[i], cautious);
-      const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor[i] * std::fabs(d)) + floor_of(dw);
-      worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
-      if (copy) check_copy(P, W, e, ref, tol32, worst);
-    }
-  const bool gaps = W.gaps_unchanged(W0) && P.gaps_unchanged(P0);
-  report(worst.value <= 1.0 && gaps && (copy || P.bytes == P0), "update", config, numel, worst.value, gaps);
+    for (int64_t e = u.W.offset[i]; e < u.W.offset[i] + numel[i]; ++e) u.check(e, u.D.get(e), wd, factor[i], cautious, copy);
+  u.finish("update", config, numel, copy);
 }
 
 // orthopt_multi_update_selected: per tensor a weight of R_j rows × cols, k_j distinct random rows
@@ -482,7 +504,7 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
 // untouched; skipped: nothing written.
 void check_update_selected(int64_t cols, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
                            bool cautious, int keep_mode, std::mt19937& rng) {
-  const double lr = 0.037, wd = 0.1;
+  const double wd = 0.1;
   const std::vector<int64_t> R = {5, 1, 64, 300, 17};  // rows per weight
   std::vector<int64_t> wnumel, dnumel;
   std::vector<std::vector<int32_t>> map;  // per weight: compact row or -1
@@ -496,14 +518,7 @@ void check_update_selected(int64_t cols, orthopt_dtype dw, orthopt_dtype dd, boo
     wnumel.push_back(r * cols);
     dnumel.push_back(k * cols);
   }
-  List W(dw, wnumel), P(dp, wnumel), D(dd, dnumel);
-  W.fill(rng, 0.5);
-  D.fill(rng, 1.0);
-  if (keep_mode == 2) D.set(D.offset[0], NAN);
-  W.upload();
-  D.upload();
-  P.poison();
-  const auto W0 = W.bytes, P0 = P.bytes;
+  UpdateCase u(dw, wnumel, dd, dnumel, dp, keep_mode, rng);
   std::vector<int32_t*> maps_dev;
   for (const auto& m : map) {
     int32_t* d = nullptr;
@@ -514,37 +529,26 @@ void check_update_selected(int64_t cols, orthopt_dtype dw, orthopt_dtype dd, boo
   const std::vector<const int32_t*> maps(maps_dev.begin(), maps_dev.end());
   std::vector<double> factor;
   for (size_t j = 0; j < R.size(); ++j) factor.push_back(0.5 + 0.25 * static_cast<double>(j));
-  const DevScalar<double> lr_dev(lr);
+  const DevScalar<double> lr_dev(UpdateCase::lr);
   const Keep keep(keep_mode);
-  auto pw = W.ptrs(), pd = D.ptrs(), pp = P.ptrs();
+  auto pw = u.W.ptrs(), pd = u.D.ptrs(), pp = u.P.ptrs();
   const orthopt_status st = orthopt_multi_update_selected(
       static_cast<int64_t>(R.size()), wnumel.data(), pw.data(), dw, pd.data(), dd, maps.data(), cols,
       copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
   for (int32_t* d : maps_dev) cudaFree(d);
   if (call_failed(st, "multi update selected")) return;
-  W.download();
-  P.download();
   const std::string config = dts({{"W", dw}, {"D", dd}}) + "cols=" + std::to_string(cols) + " " +
                              (copy ? std::string("copy=") + name(dp) + " " : "") + (cautious ? "cautious " : "") +
                              keep_name(keep_mode);
-  if (keep_mode == 2) {
-    report(W.bytes == W0 && P.bytes == P0, "update_selected", config, wnumel, 0.0, true);
-    return;
-  }
-  Worst worst;
+  if (!u.download("update_selected", config, wnumel, keep_mode)) return;
   for (size_t j = 0; j < R.size(); ++j)
     for (int64_t row = 0; row < R[j]; ++row)
       for (int64_t c = 0; c < cols; ++c) {
-        const int64_t e = W.offset[j] + row * cols + c;
         const int32_t s = map[j][row];
-        const double w = decode(W0, dw, e), d = s >= 0 ? D.get(D.offset[j] + s * cols + c) : 0.0;
-        const double ref = decoupled_ref(w, d, lr, wd, factor[j], cautious);
-        const double tol32 = 8 * kU32 * (std::fabs(w) + lr * factor[j] * std::fabs(d)) + floor_of(dw);
-        worst.add(W.get(e), ref, unit(dw) * std::fabs(ref) + tol32);
-        if (copy) check_copy(P, W, e, ref, tol32, worst);
+        const double d = s >= 0 ? u.D.get(u.D.offset[j] + s * cols + c) : 0.0;
+        u.check(u.W.offset[j] + row * cols + c, d, wd, factor[j], cautious, copy);
       }
-  const bool gaps = W.gaps_unchanged(W0) && P.gaps_unchanged(P0);
-  report(worst.value <= 1.0 && gaps && (copy || P.bytes == P0), "update_selected", config, wnumel, worst.value, gaps);
+  u.finish("update_selected", config, wnumel, copy);
 }
 
 // All buffers of an AdamW call; `steps` holds one fp32 count per tensor.
