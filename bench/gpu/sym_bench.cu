@@ -63,7 +63,9 @@ int main(int argc, char** argv) {
                                {1, 4096, 14336}, {16, 1536, 2048}, {16, 1536, 1536}, {128, 1536, 2048},
                                {32, 2048, 7168}, {32, 2048, 2048},
                                // the step's banks: GPT-2 124M (768-row, standard and Gram), Llama 1.26B
-                               {12, 768, 768}, {12, 768, 3072}, {88, 2048, 2048}, {66, 2048, 5632}};
+                               {12, 768, 768}, {12, 768, 3072}, {88, 2048, 2048}, {66, 2048, 5632},
+                               // GPT-2's Gram iteration: the m×m products of its three Gram banks stacked
+                               {24, 768, 768}, {36, 768, 768}, {48, 768, 768}};
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));

@@ -108,6 +108,17 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
                                       double mu, double grad_weight, int nesterov, const uint8_t* keep,
                                       cudaStream_t stream);
 
+/* Momentum over whole rows with each row's L1 norm (Dion3's selection scores): tensor j has
+ * numel[j] / cols rows of cols elements; M ← μ·M + w·G as orthopt_multi_momentum (no output),
+ * and scores[j][r] = Σ_c |M_new[r, c]| (fp32 accumulation over the stored values, in a fixed
+ * order: deterministic; rounded to M's dtype like ATen's norm of a bf16/fp16 tensor, kept in
+ * fp32). A skipped step writes no momentum and the scores of the unchanged M. */
+orthopt_status orthopt_multi_momentum_row_l1(int64_t count, const int64_t* numel, int64_t cols,
+                                             void* const* momentum, orthopt_dtype momentum_dtype,
+                                             const void* const* grad, orthopt_dtype grad_dtype,
+                                             float* const* scores, double mu, double grad_weight,
+                                             const uint8_t* keep, cudaStream_t stream);
+
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
  * of per-tensor lr factors (the lr adjustment), NULL for all 1. */
 orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,

@@ -57,16 +57,25 @@ __device__ __forceinline__ void store(void* p, int64_t i, orthopt_dtype dt, floa
   }
 }
 
+// v as stored in dtype dt, read back.
+__device__ __forceinline__ float rounded(float v, orthopt_dtype dt) {
+  switch (dt) {
+    case ORTHOPT_FP32: return v;
+    case ORTHOPT_BF16: return __bfloat162float(__float2bfloat16_rn(v));
+    default: return __half2float(__float2half_rn(v));
+  }
+}
+
 __device__ __forceinline__ bool skipped(const uint8_t* keep) { return keep != nullptr && *keep == 0; }
 
 // This block's tensor and its element range [begin, end).
 template <int R>
-__device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, int64_t* end) {
+__device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, int64_t* end, int64_t chunk = kChunk) {
   const int b = static_cast<int>(blockIdx.x);
   int i = 0;
   while (i + 1 < t.count && b >= t.block_start[i + 1]) ++i;
-  *begin = static_cast<int64_t>(b - t.block_start[i]) * kChunk;
-  *end = *begin + kChunk < t.numel[i] ? *begin + kChunk : t.numel[i];
+  *begin = static_cast<int64_t>(b - t.block_start[i]) * chunk;
+  *end = *begin + chunk < t.numel[i] ? *begin + chunk : t.numel[i];
   return i;
 }
 
@@ -137,6 +146,62 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constan
       store(M, e, a.momentum_dtype, m_new);
       if (out) store(out, e, a.out_dtype, a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new);
     }
+  }
+}
+
+// ---- momentum over whole rows with each row's L1 norm (Dion3's selection scores): one warp
+// per row, so the score is summed in a fixed order (lanes in column order, then a fixed
+// butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's.
+
+constexpr int kRowsPerBlock = kThreads / 32;
+
+struct MomentumRowL1Args {
+  float mu, grad_weight;
+  int64_t cols;
+  orthopt_dtype momentum_dtype, grad_dtype;
+  const uint8_t* keep;
+};
+
+// roles: 0 momentum (read, written), 1 gradient, 2 scores (fp32, one per row, written).
+// Skipped step: M is not written and the scores are those of the unchanged M.
+__global__ void __launch_bounds__(kThreads) momentum_row_l1_kernel(const __grid_constant__ Table<3> t,
+                                                                   const MomentumRowL1Args a) {
+  const bool skip = skipped(a.keep);
+  int64_t begin, end;
+  const int i = block_tensor(t, &begin, &end, kRowsPerBlock * a.cols);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t row_start = begin + warp * a.cols;  // this warp's row, as an element index
+  if (row_start >= end) return;
+  void* M = t.ptr[0][i];
+  const void* G = t.ptr[1][i];
+  float* scores = static_cast<float*>(t.ptr[2][i]);
+  float sum = 0.0f;
+  for (int64_t c0 = lane; c0 < a.cols; c0 += 32 * kIlp) {
+    float m[kIlp], g[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t c = c0 + r * 32;
+      m[r] = c < a.cols ? load(M, row_start + c, a.momentum_dtype) : 0.0f;
+      g[r] = c < a.cols && !skip ? load(G, row_start + c, a.grad_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) {
+      const int64_t c = c0 + r * 32;
+      if (c >= a.cols) continue;
+      float m_new = m[r];
+      if (!skip) {
+        m_new = __fadd_rn(__fmul_rn(m[r], a.mu), __fmul_rn(g[r], a.grad_weight));
+        store(M, row_start + c, a.momentum_dtype, m_new);
+        m_new = rounded(m_new, a.momentum_dtype);  // the stored value
+      }
+      sum = __fadd_rn(sum, fabsf(m_new));
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  if (lane == 0) {
+    // As ATen's L1 norm of a bf16/fp16 tensor: fp32 accumulation, the result in M's dtype.
+    scores[row_start / a.cols] = rounded(sum, a.momentum_dtype);
   }
 }
 
@@ -342,12 +407,12 @@ static_assert(Table<6>::kCapacity <= kThreads, "step_increment_kernel: one threa
 // blocks) for each full table and for the last one. lists[r] may be NULL (role absent).
 template <int R, typename Launch>
 orthopt_status for_each_table(int64_t count, const int64_t* numel, const std::array<const void* const*, R>& lists,
-                              const double* factor, Launch&& launch) {
+                              const double* factor, Launch&& launch, int64_t chunk = kChunk) {
   Table<R> t{};
   int64_t blocks = 0;
   for (int64_t j = 0; j < count; ++j) {
     if (numel[j] == 0) continue;
-    const int64_t chunks = (numel[j] + kChunk - 1) / kChunk;
+    const int64_t chunks = (numel[j] + chunk - 1) / chunk;
     if (t.count > 0 && (t.count == Table<R>::kCapacity || blocks + chunks > kMaxBlocks)) {
       ORTHOPT_STATUS_TRY(launch(t, blocks));
       t.count = 0;
@@ -420,6 +485,36 @@ extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* n
                              ORTHOPT_CUDA_TRY(cudaGetLastError());
                              return ORTHOPT_OK;
                            });
+}
+
+extern "C" orthopt_status orthopt_multi_momentum_row_l1(int64_t count, const int64_t* numel, int64_t cols,
+                                                        void* const* momentum, orthopt_dtype momentum_dtype,
+                                                        const void* const* grad, orthopt_dtype grad_dtype,
+                                                        float* const* scores, double mu, double grad_weight,
+                                                        const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_multi_momentum_row_l1";
+  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
+  if (count == 0) return ORTHOPT_OK;
+  if (cols < 1 || cols > (int64_t(1) << 30))
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be in [1, 2^30], got %lld", fn, (long long)cols);
+  for (int64_t i = 0; i < count; ++i)
+    if (numel[i] % cols != 0)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
+                  (long long)i, (long long)numel[i], (long long)cols);
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "scores", count, numel, reinterpret_cast<const void* const*>(scores),
+                                ORTHOPT_FP32));
+  const MomentumRowL1Args args{static_cast<float>(mu), static_cast<float>(grad_weight), cols, momentum_dtype,
+                               grad_dtype, keep};
+  return for_each_table<3>(
+      count, numel, {momentum, grad, reinterpret_cast<const void* const*>(scores)}, nullptr,
+      [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
+        momentum_row_l1_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+        ORTHOPT_CUDA_TRY(cudaGetLastError());
+        return ORTHOPT_OK;
+      },
+      kRowsPerBlock * cols);
 }
 
 extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,

@@ -26,6 +26,13 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
               const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
               const at::Tensor& keep);
 
+// momentum() without an output, over rows of `cols`, with each row's L1 norm of M_new written
+// to scores[i] (fp32, one per row of momenta[i]; deterministic; a skipped step: the unchanged
+// M's). Dion3's accumulate and selection scores in one pass.
+void momentum_row_l1(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+                     const std::vector<at::Tensor>& scores, int64_t cols, double mu, double grad_weight,
+                     const at::Tensor& keep);
+
 // W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0).
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,

@@ -688,17 +688,26 @@ class OptimizerImpl {
         // step adds -0.0 (x + -0.0 is x, bit for bit, also for -0.0) and scatters the rows back
         // unchanged.
 #ifdef ORTHOPT_WITH_CUDA
-        if (kernels) {  // one launch for the bank: 1·M + 1·G is M + G exactly, skip gate in the kernel
-          std::vector<at::Tensor> momenta;
-          for (size_t j = 0; j < b.params.size(); ++j) momenta.push_back(b.slice(M, j).view(grads[j].sizes()));
-          cuda::momentum(momenta, grads, {}, 1.0, 1.0, /*nesterov=*/false, keep_flag());
+        if (kernels) {
+          // One launch for the bank: 1·M + 1·G is M + G exactly, skip gate in the kernel, and
+          // the rows' L1 scores in the same pass (no second read of M for the selection).
+          const at::Tensor scores = at::empty({b.size(), b.rows}, M.options().dtype(at::kFloat));
+          std::vector<at::Tensor> momenta, row_scores;
+          for (size_t j = 0; j < b.params.size(); ++j) {
+            momenta.push_back(b.slice(M, j).view(grads[j].sizes()));
+            row_scores.push_back(b.slice(scores, j));
+          }
+          cuda::momentum_row_l1(momenta, grads, row_scores, b.cols, 1.0, 1.0, keep_flag());
+          rows = optim_detail::dion3_top_rows(scores, o.fraction);
         } else
 #endif
+        {
           for (size_t j = 0; j < b.params.size(); ++j) {
             const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
             b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
           }
-        rows = optim_detail::dion3_rows(M, o.fraction);
+          rows = optim_detail::dion3_rows(M, o.fraction);
+        }
         flat = optim_detail::flat_rows(rows, b.rows);
         selected = optim_detail::take_rows(M, flat).view({b.size(), rows.size(-1), b.cols});
         optim_detail::put_rows_(M, flat, gated(selected * o.momentum, selected));

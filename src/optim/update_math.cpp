@@ -128,11 +128,14 @@ at::Tensor scatter_rows(const at::Tensor& X, const at::Tensor& rows, const at::T
   return put_rows_(X.clone(at::MemoryFormat::Contiguous), flat_rows(rows, X.size(-2)), values);
 }
 
-at::Tensor dion3_rows(const at::Tensor& M, double fraction) {
-  const int64_t k = dion3_rank(fraction, M.size(-2));
-  // Row L1 norms [..., rows] as one reduction (no |M| temporary: M is the size of the weights).
-  const at::Tensor scores = at::linalg_vector_norm(M, 1, at::IntArrayRef{-1});
+at::Tensor dion3_top_rows(const at::Tensor& scores, double fraction) {
+  const int64_t k = dion3_rank(fraction, scores.size(-1));
   return std::get<1>(at::topk(scores, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true));
+}
+
+at::Tensor dion3_rows(const at::Tensor& M, double fraction) {
+  // Row L1 norms [..., rows] as one reduction (no |M| temporary: M is the size of the weights).
+  return dion3_top_rows(at::linalg_vector_norm(M, 1, at::IntArrayRef{-1}), fraction);
 }
 
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu) {

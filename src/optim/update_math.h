@@ -66,6 +66,8 @@ struct Dion3Selection {
 int64_t dion3_rank(double fraction, int64_t rows);  // k = max(1, ceil(f·rows))
 // Indices [..., k] of the k rows of M with the largest L1 norms (sorted, largest first).
 at::Tensor dion3_rows(const at::Tensor& M, double fraction);
+// The same from the rows' scores [..., rows] (their L1 norms, computed elsewhere).
+at::Tensor dion3_top_rows(const at::Tensor& scores, double fraction);
 Dion3Selection dion3_select(const at::Tensor& M, double fraction, double mu);
 // Gathers/scatters rows along dim -2 by indices [..., k] (distinct within each matrix).
 // flat_rows: those indices into the [prod(leading)·rows, cols] view of X (n_rows = X.size(-2)).

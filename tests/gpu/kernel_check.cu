@@ -413,6 +413,56 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
   report(worst.value <= 1.0 && gaps, "momentum", config, numel, worst.value, gaps);
 }
 
+// orthopt_multi_momentum_row_l1 (Dion3's accumulate + selection scores): tensors of R_j rows of
+// cols; M as check_momentum (no output), and each row's score against the fp64 sum of |M_new|
+// with the bound of an fp32 sum of cols terms plus M's own rounding and the score's rounding to
+// M's dtype. Skipped: M untouched, the scores those of the unchanged M.
+void check_momentum_row_l1(const std::vector<int64_t>& R, int64_t cols, orthopt_dtype dm, orthopt_dtype dg,
+                           double mu, double w, int keep_mode, std::mt19937& rng) {
+  std::vector<int64_t> numel;
+  for (int64_t r : R) numel.push_back(r * cols);
+  List M(dm, numel), G(dg, numel), S(ORTHOPT_FP32, R);
+  M.fill(rng, 1.0);
+  G.fill(rng, 1.0);
+  if (keep_mode == 2) G.set(G.offset[0], NAN);  // a skipped step must not read G
+  M.upload();
+  G.upload();
+  S.poison();
+  const auto M0 = M.bytes, S0 = S.bytes;
+  const Keep keep(keep_mode);
+  auto pm = M.ptrs(), pg = G.ptrs(), ps = S.ptrs();
+  std::vector<float*> scores;
+  for (void* p : ps) scores.push_back(static_cast<float*>(p));
+  const orthopt_status st = orthopt_multi_momentum_row_l1(static_cast<int64_t>(R.size()), numel.data(), cols,
+                                                          pm.data(), dm, pg.data(), dg, scores.data(), mu, w,
+                                                          keep.ptr(), nullptr);
+  if (call_failed(st, "multi momentum_row_l1")) return;
+  M.download();
+  S.download();
+  const std::string config = dts({{"M", dm}, {"G", dg}}) + "cols=" + std::to_string(cols) + " mu=" +
+                             std::to_string(mu).substr(0, 4) + " " + keep_name(keep_mode);
+  const bool skip = keep_mode == 2;
+  Worst worst;
+  for (size_t j = 0; j < R.size(); ++j)
+    for (int64_t row = 0; row < R[j]; ++row) {
+      double l1 = 0, tol = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t e = M.offset[j] + row * cols + c;
+        const double m = decode(M0, dm, e), g = skip ? 0.0 : G.get(e);
+        const double m_ref = skip ? m : mu * m + w * g, mag = skip ? 0.0 : mu * std::fabs(m) + w * std::fabs(g);
+        const double m_tol = skip ? 0.0 : unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm);
+        worst.add(M.get(e), m_ref, skip ? 1.0 : m_tol);
+        l1 += std::fabs(m_ref);
+        tol += m_tol;
+      }
+      tol += static_cast<double>(cols) * kU32 * l1;  // the fp32 sum
+      const double got = S.get(S.offset[j] + row);
+      worst.add(got, l1, tol + unit(dm) * l1 + 1e-30);
+    }
+  const bool gaps = M.gaps_unchanged(M0) && S.gaps_unchanged(S0) && (!skip || M.bytes == M0);
+  report(worst.value <= 1.0 && gaps, "momentum_row_l1", config, numel, worst.value, gaps);
+}
+
 // fp64 reference of the decoupled update (update_math.cpp: decoupled_update); flip inverts the
 // cautious mask (for a direction whose sign is within rounding of zero).
 double decoupled_ref(double w, double d, double lr, double wd, double factor, bool cautious, bool flip = false) {
@@ -748,10 +798,14 @@ void check_multi_errors() {
   st = orthopt_multi_adamw(0, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr,
                            ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, 0.9, 0.95, 1e-8, 0.0, 0, nullptr, nullptr);
   const bool ok5 = st == ORTHOPT_OK;  // an empty list is a no-op
+  float* scores[2] = {static_cast<float*>(p), static_cast<float*>(p)};
+  st = orthopt_multi_momentum_row_l1(2, numel, 3, full, ORTHOPT_FP32, full, ORTHOPT_FP32, scores, 1.0, 1.0, nullptr,
+                                     nullptr);  // numel[1] = 4 is not whole rows of 3
+  const bool ok6 = st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
   cudaFree(p);
-  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5;
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
   if (!ok) ++g_failures;
-  std::printf("%s multi argument errors (%d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5);
+  std::printf("%s multi argument errors (%d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6);
 }
 
 void check_multi(bool quick, std::mt19937& rng) {
@@ -788,6 +842,15 @@ void check_multi(bool quick, std::mt19937& rng) {
     check_update_selected(cols, B16, F16, false, F32, true, 0, rng);
   }
   check_update_selected(768, F32, F32, true, B16, true, 2, rng);  // skip: nothing written
+  for (int64_t cols : {1, 7, 768, 2051}) {  // Dion3's accumulate with the rows' selection scores
+    const std::vector<int64_t> R = {5, 1, 64, 300, 17, 9};
+    check_momentum_row_l1(R, cols, F32, F32, 1.0, 1.0, 0, rng);
+    check_momentum_row_l1(R, cols, F32, B16, 0.95, 0.05, 1, rng);
+    check_momentum_row_l1(R, cols, B16, B16, 1.0, 1.0, 0, rng);
+    check_momentum_row_l1(R, cols, F16, F32, 0.9, 1.0, 1, rng);
+  }
+  check_momentum_row_l1({5, 64, 300}, 768, F32, F32, 1.0, 1.0, 2, rng);  // skip: scores of the old M
+  check_momentum_row_l1({4096}, 2048, F32, F32, 1.0, 1.0, 1, rng);       // many blocks
   check_graph_capture(rng);
 }
 
