@@ -108,16 +108,21 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
                                       double mu, double grad_weight, int nesterov, const uint8_t* keep,
                                       cudaStream_t stream);
 
-/* Momentum over whole rows with each row's L1 norm (Dion3's selection scores): tensor j has
- * numel[j] / cols rows of cols elements; M ← μ·M + w·G as orthopt_multi_momentum (no output),
- * and scores[j][r] = Σ_c |M_new[r, c]| (fp32 accumulation over the stored values, in a fixed
- * order: deterministic; rounded to M's dtype like ATen's norm of a bf16/fp16 tensor, kept in
- * fp32). A skipped step writes no momentum and the scores of the unchanged M. */
-orthopt_status orthopt_multi_momentum_row_l1(int64_t count, const int64_t* numel, int64_t cols,
-                                             void* const* momentum, orthopt_dtype momentum_dtype,
-                                             const void* const* grad, orthopt_dtype grad_dtype,
-                                             float* const* scores, double mu, double grad_weight,
-                                             const uint8_t* keep, cudaStream_t stream);
+/* Momentum over whole rows with a statistic per row, in the same pass: tensor j has numel[j] /
+ * cols rows of cols elements; M ← μ·M + w·G and out as orthopt_multi_momentum, and stats[j][r]:
+ *   ORTHOPT_ROW_L1_MOMENTUM: Σ_c |M_new[r, c]| (Dion3's selection scores; out must be NULL),
+ *     over the stored values, rounded to M's dtype like ATen's norm of a bf16/fp16 tensor;
+ *   ORTHOPT_ROW_SUMSQ_OUT: Σ_c out[r, c]² over the output's stored values (the squared
+ *     Frobenius norm of a Newton–Schulz input is the sum over its rows; out may be NULL).
+ * fp32 accumulation in a fixed order (one warp per row): deterministic. A skipped step writes
+ * no momentum and no output; the statistics are the unchanged M's L1 norms, or 0. */
+typedef enum { ORTHOPT_ROW_L1_MOMENTUM = 0, ORTHOPT_ROW_SUMSQ_OUT = 1 } orthopt_row_stat;
+orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, int64_t cols,
+                                           void* const* momentum, orthopt_dtype momentum_dtype,
+                                           const void* const* grad, orthopt_dtype grad_dtype, void* const* out,
+                                           orthopt_dtype out_dtype, double mu, double grad_weight, int nesterov,
+                                           orthopt_row_stat stat, float* const* stats, const uint8_t* keep,
+                                           cudaStream_t stream);
 
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
  * of per-tensor lr factors (the lr adjustment), NULL for all 1. */

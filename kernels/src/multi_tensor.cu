@@ -149,23 +149,26 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constan
   }
 }
 
-// ---- momentum over whole rows with each row's L1 norm (Dion3's selection scores): one warp
-// per row, so the score is summed in a fixed order (lanes in column order, then a fixed
-// butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's.
+// ---- momentum over whole rows with a statistic per row (orthopt_multi_momentum_rows): one
+// warp per row, so the statistic is summed in a fixed order (lanes in column order, then a
+// fixed butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's.
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
-struct MomentumRowL1Args {
+struct MomentumRowsArgs {
   float mu, grad_weight;
+  int nesterov;
   int64_t cols;
-  orthopt_dtype momentum_dtype, grad_dtype;
+  orthopt_row_stat stat;
+  orthopt_dtype momentum_dtype, grad_dtype, out_dtype;
   const uint8_t* keep;
 };
 
-// roles: 0 momentum (read, written), 1 gradient, 2 scores (fp32, one per row, written).
-// Skipped step: M is not written and the scores are those of the unchanged M.
-__global__ void __launch_bounds__(kThreads) momentum_row_l1_kernel(const __grid_constant__ Table<3> t,
-                                                                   const MomentumRowL1Args a) {
+// roles: 0 momentum (read, written), 1 gradient, 2 output (written; NULL: none), 3 statistics
+// (fp32, one per row, written). Skipped step: nothing but the statistics is written; they are
+// the L1 norms of the unchanged M, or 0 for the output's sum of squares (no output written).
+__global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_constant__ Table<4> t,
+                                                                 const MomentumRowsArgs a) {
   const bool skip = skipped(a.keep);
   int64_t begin, end;
   const int i = block_tensor(t, &begin, &end, kRowsPerBlock * a.cols);
@@ -174,35 +177,43 @@ __global__ void __launch_bounds__(kThreads) momentum_row_l1_kernel(const __grid_
   if (row_start >= end) return;
   void* M = t.ptr[0][i];
   const void* G = t.ptr[1][i];
-  float* scores = static_cast<float*>(t.ptr[2][i]);
+  void* out = t.ptr[2][i];
+  float* stats = static_cast<float*>(t.ptr[3][i]);
+  const bool l1 = a.stat == ORTHOPT_ROW_L1_MOMENTUM;
   float sum = 0.0f;
   for (int64_t c0 = lane; c0 < a.cols; c0 += 32 * kIlp) {
     float m[kIlp], g[kIlp];
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t c = c0 + r * 32;
-      m[r] = c < a.cols ? load(M, row_start + c, a.momentum_dtype) : 0.0f;
+      m[r] = c < a.cols && (!skip || l1) ? load(M, row_start + c, a.momentum_dtype) : 0.0f;
       g[r] = c < a.cols && !skip ? load(G, row_start + c, a.grad_dtype) : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t c = c0 + r * 32;
       if (c >= a.cols) continue;
-      float m_new = m[r];
-      if (!skip) {
-        m_new = __fadd_rn(__fmul_rn(m[r], a.mu), __fmul_rn(g[r], a.grad_weight));
-        store(M, row_start + c, a.momentum_dtype, m_new);
-        m_new = rounded(m_new, a.momentum_dtype);  // the stored value
+      if (skip) {
+        if (l1) sum = __fadd_rn(sum, fabsf(m[r]));
+        continue;
       }
-      sum = __fadd_rn(sum, fabsf(m_new));
+      const int64_t e = row_start + c;
+      const float wg = __fmul_rn(g[r], a.grad_weight);
+      const float m_new = __fadd_rn(__fmul_rn(m[r], a.mu), wg);
+      store(M, e, a.momentum_dtype, m_new);
+      if (l1) {
+        sum = __fadd_rn(sum, fabsf(rounded(m_new, a.momentum_dtype)));  // the stored value
+      } else {
+        const float o = rounded(a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new, a.out_dtype);
+        if (out) store(out, e, a.out_dtype, o);
+        sum = __fadd_rn(sum, __fmul_rn(o, o));
+      }
     }
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
-  if (lane == 0) {
-    // As ATen's L1 norm of a bf16/fp16 tensor: fp32 accumulation, the result in M's dtype.
-    scores[row_start / a.cols] = rounded(sum, a.momentum_dtype);
-  }
+  // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
+  if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, a.momentum_dtype) : sum;
 }
 
 struct UpdateArgs {
@@ -487,12 +498,13 @@ extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* n
                            });
 }
 
-extern "C" orthopt_status orthopt_multi_momentum_row_l1(int64_t count, const int64_t* numel, int64_t cols,
-                                                        void* const* momentum, orthopt_dtype momentum_dtype,
-                                                        const void* const* grad, orthopt_dtype grad_dtype,
-                                                        float* const* scores, double mu, double grad_weight,
-                                                        const uint8_t* keep, cudaStream_t stream) {
-  const char* fn = "orthopt_multi_momentum_row_l1";
+extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, int64_t cols,
+                                                      void* const* momentum, orthopt_dtype momentum_dtype,
+                                                      const void* const* grad, orthopt_dtype grad_dtype,
+                                                      void* const* out, orthopt_dtype out_dtype, double mu,
+                                                      double grad_weight, int nesterov, orthopt_row_stat stat,
+                                                      float* const* stats, const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_multi_momentum_rows";
   ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
   if (count == 0) return ORTHOPT_OK;
   if (cols < 1 || cols > (int64_t(1) << 30))
@@ -501,16 +513,22 @@ extern "C" orthopt_status orthopt_multi_momentum_row_l1(int64_t count, const int
     if (numel[i] % cols != 0)
       return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
                   (long long)i, (long long)numel[i], (long long)cols);
+  if (stat != ORTHOPT_ROW_L1_MOMENTUM && stat != ORTHOPT_ROW_SUMSQ_OUT)
+    return fail(ORTHOPT_ERR_INVALID, "%s: unknown argument 'stat' %d", fn, int(stat));
+  if (stat == ORTHOPT_ROW_L1_MOMENTUM && out)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'out' must be NULL with stat = ORTHOPT_ROW_L1_MOMENTUM", fn);
   ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
   ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "scores", count, numel, reinterpret_cast<const void* const*>(scores),
+  if (out) ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
+  else out_dtype = ORTHOPT_FP32;  // the statistic of an output that is not stored: fp32 values
+  ORTHOPT_STATUS_TRY(check_list(fn, "stats", count, numel, reinterpret_cast<const void* const*>(stats),
                                 ORTHOPT_FP32));
-  const MomentumRowL1Args args{static_cast<float>(mu), static_cast<float>(grad_weight), cols, momentum_dtype,
-                               grad_dtype, keep};
-  return for_each_table<3>(
-      count, numel, {momentum, grad, reinterpret_cast<const void* const*>(scores)}, nullptr,
-      [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
-        momentum_row_l1_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
+  const MomentumRowsArgs args{static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0, cols, stat,
+                              momentum_dtype, grad_dtype, out_dtype, keep};
+  return for_each_table<4>(
+      count, numel, {momentum, grad, out, reinterpret_cast<const void* const*>(stats)}, nullptr,
+      [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
+        momentum_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
         ORTHOPT_CUDA_TRY(cudaGetLastError());
         return ORTHOPT_OK;
       },

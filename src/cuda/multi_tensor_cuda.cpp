@@ -168,34 +168,39 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
   }
 }
 
-void momentum_row_l1(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
-                     const std::vector<at::Tensor>& scores, int64_t cols, double mu, double grad_weight,
-                     const at::Tensor& keep) {
-  const char* fn = "orthopt::cuda::momentum_row_l1";
+void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+                   const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
+                   double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::momentum_rows";
   TORCH_CHECK(cols > 0, fn, ": argument 'cols' must be > 0, got ", cols);
+  TORCH_CHECK(stat != RowStat::L1OfMomentum || outs.empty(), fn, ": argument 'outs' must be empty for L1OfMomentum");
   const std::vector<List> lists = {{&momenta, "momenta"},
                                    {&grads, "grads"},
-                                   {&scores, "scores", false, false, /*any_numel=*/true}};
+                                   {&outs, "outs", /*optional=*/true},
+                                   {&stats, "stats", false, false, /*any_numel=*/true}};
   const auto groups = by_dtypes(lists, fn);
   for (size_t i = 0; i < momenta.size(); ++i) {
     TORCH_CHECK(momenta[i].numel() % cols == 0, fn, ": argument 'momenta' [", i, "] has ", momenta[i].numel(),
                 " elements, not whole rows of ", cols);
-    TORCH_CHECK(scores[i].scalar_type() == at::kFloat && scores[i].numel() == momenta[i].numel() / cols, fn,
-                ": argument 'scores' [", i, "]: expected ", momenta[i].numel() / cols, " fp32 entries (one per row), got ",
-                scores[i].numel(), " of ", scores[i].scalar_type());
+    TORCH_CHECK(stats[i].scalar_type() == at::kFloat && stats[i].numel() == momenta[i].numel() / cols, fn,
+                ": argument 'stats' [", i, "]: expected ", momenta[i].numel() / cols, " fp32 entries (one per row), got ",
+                stats[i].numel(), " of ", stats[i].scalar_type());
   }
   if (momenta.empty()) return;
   const Launch launch(momenta[0].device(), keep, nullptr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(momenta, idx);
-    auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), S = pointers(lists[2], idx);
-    std::vector<float*> score_ptrs;
-    for (void* p : S) score_ptrs.push_back(static_cast<float*>(p));
-    check_status(orthopt_multi_momentum_row_l1(static_cast<int64_t>(idx.size()), numel.data(), cols, M.data(),
-                                               static_cast<orthopt_dtype>(dt[0]), G.data(),
-                                               static_cast<orthopt_dtype>(dt[1]), score_ptrs.data(), mu, grad_weight,
-                                               launch.keep, launch.stream),
-                 "orthopt_multi_momentum_row_l1");
+    auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx),
+         S = pointers(lists[3], idx);
+    std::vector<float*> stat_ptrs;
+    for (void* p : S) stat_ptrs.push_back(static_cast<float*>(p));
+    check_status(orthopt_multi_momentum_rows(
+                     static_cast<int64_t>(idx.size()), numel.data(), cols, M.data(), static_cast<orthopt_dtype>(dt[0]),
+                     G.data(), static_cast<orthopt_dtype>(dt[1]), data_or_null(O), dtype_or_fp32(dt[2]), mu,
+                     grad_weight, nesterov ? 1 : 0,
+                     stat == RowStat::L1OfMomentum ? ORTHOPT_ROW_L1_MOMENTUM : ORTHOPT_ROW_SUMSQ_OUT,
+                     stat_ptrs.data(), launch.keep, launch.stream),
+                 "orthopt_multi_momentum_rows");
   }
 }
 

@@ -26,12 +26,14 @@ void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tens
               const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
               const at::Tensor& keep);
 
-// momentum() without an output, over rows of `cols`, with each row's L1 norm of M_new written
-// to scores[i] (fp32, one per row of momenta[i]; deterministic; a skipped step: the unchanged
-// M's). Dion3's accumulate and selection scores in one pass.
-void momentum_row_l1(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
-                     const std::vector<at::Tensor>& scores, int64_t cols, double mu, double grad_weight,
-                     const at::Tensor& keep);
+// momentum() over rows of `cols` with one statistic per row written to stats[i] (fp32, one
+// per row of momenta[i]; deterministic): the L1 norm of M_new (Dion3's selection scores; no
+// outputs), or the sum of squares of the output (the NS input's squared norm, summed over its
+// rows). A skipped step writes the unchanged M's L1 norms, or zeros.
+enum class RowStat { L1OfMomentum, SumSqOfOutput };
+void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+                   const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
+                   double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep);
 
 // W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0).
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,

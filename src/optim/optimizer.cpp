@@ -697,7 +697,8 @@ class OptimizerImpl {
             momenta.push_back(b.slice(M, j).view(grads[j].sizes()));
             row_scores.push_back(b.slice(scores, j));
           }
-          cuda::momentum_row_l1(momenta, grads, row_scores, b.cols, 1.0, 1.0, keep_flag());
+          cuda::momentum_rows(momenta, grads, {}, row_scores, b.cols, 1.0, 1.0, /*nesterov=*/false,
+                              cuda::RowStat::L1OfMomentum, keep_flag());
           rows = optim_detail::dion3_top_rows(scores, o.fraction);
         } else
 #endif
@@ -898,13 +899,24 @@ class OptimizerImpl {
         inputs[b.positions[j]] = b.slice(stack, j).view(matrix_sizes(params[b.params[j]], o));
       stacks.push_back(stack);
     }
-    std::vector<at::Tensor> momenta, grads;
-    for (size_t i : idx) {
-      momenta.push_back(state_of(g, i).at("momentum"));
-      grads.push_back(params[i].grad());
+    // Per bank, the momentum pass also sums each row's squares of the input it writes: the NS
+    // input norms then come from [B, rows] partial sums instead of another read of the stack.
+    std::vector<at::Tensor> norms;
+    const double grad_weight = optim_detail::momentum_grad_weight(o.momentum, o.momentum_style);
+    for (size_t k = 0; k < bks.size(); ++k) {
+      const Bank& b = bks[k];
+      const at::Tensor row_sq = at::empty({b.size(), b.rows}, stacks[k].options());
+      std::vector<at::Tensor> momenta, grads, outs, stats;
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        momenta.push_back(state_of(g, b.params[j]).at("momentum"));
+        grads.push_back(params[b.params[j]].grad());
+        outs.push_back(inputs[b.positions[j]]);
+        stats.push_back(b.slice(row_sq, j));
+      }
+      cuda::momentum_rows(momenta, grads, outs, stats, b.cols, o.momentum, grad_weight, o.nesterov,
+                          cuda::RowStat::SumSqOfOutput, keep_flag());
+      if (o.ortho.split_sizes.empty()) norms.push_back(row_sq.sum(-1).sqrt_());  // [B]
     }
-    cuda::momentum(momenta, grads, inputs, o.momentum, optim_detail::momentum_grad_weight(o.momentum, o.momentum_style),
-                   o.nesterov, keep_flag());
 
     const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
@@ -916,7 +928,7 @@ class OptimizerImpl {
     // Without split_sizes every bank in one call: the Gram NS of banks with the same m (after
     // orientation) iterates as one batch (detail::orthogonalize_many_in_compute_dtype).
     std::vector<at::Tensor> ns;
-    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho);
+    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms);
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
       // Tall matrices come back as transposed views and the update kernel reads D contiguously:

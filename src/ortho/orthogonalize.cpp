@@ -81,8 +81,9 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
 
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
 // where X = G3, or its transpose when tall. Normalization always in fp32 (or fp64 when that is
-// the compute dtype).
-at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType compute, const Schedule& s) {
+// the compute dtype). given_norm: the per-matrix norms [B, 1, 1] when the caller has them.
+at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType compute, const Schedule& s,
+                            const at::Tensor& given_norm) {
 #ifdef ORTHOPT_WITH_CUDA
   // CUDA input in fp32/bf16/fp16, compute dtype among those, kernels not switched off by
   // ORTHOPT_GPU_KERNELS=0.
@@ -94,8 +95,11 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
     // result, may differ from the reference by about one ulp of the norm; wide inputs reduce
     // the same fp32 tensor and match the reference bit for bit.
     const at::Tensor G = G3.contiguous();
-    const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
-    const at::Tensor norm = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);  // [B, 1, 1]
+    at::Tensor norm = given_norm;
+    if (!norm.defined()) {
+      const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
+      norm = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);  // [B, 1, 1]
+    }
     return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/tall);
   }
 #endif
@@ -103,7 +107,8 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
   const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor X = tall ? G3.transpose(1, 2) : G3;
   X = X.to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
-  auto norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  const at::Tensor norm = given_norm.defined() ? given_norm.to(norm_dtype)
+                                               : at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
   return (X / (norm * s.safety + s.eps)).to(compute).contiguous();
 }
 
@@ -111,7 +116,7 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
 // [B, c, r] result). Gram batches with the same m and compute dtype iterate together (gram_ns).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
-                                              const Schedule& s) {
+                                              const Schedule& s, const std::vector<at::Tensor>& norms = {}) {
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   for (size_t i = 0; i < G3s.size(); ++i) {
@@ -122,7 +127,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
     const OrthoMethod method = resolve_method(m, n, opt);
     const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
-    X[i] = normalized_input(G3, tall, compute, s);
+    X[i] = normalized_input(G3, tall, compute, s, norms.empty() ? at::Tensor() : norms[i]);
     if (method == OrthoMethod::Gram)
       gram[{m, compute}].push_back(i);
     else
@@ -279,18 +284,28 @@ at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const Ort
 }
 
 std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
-                                                                   const OrthoOptions& opt) {
+                                                                   const OrthoOptions& opt,
+                                                                   const std::vector<at::Tensor>& norms) {
   TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
               "before, or call orthogonalize per tensor)");
   for (const auto& G : Gs) validate_ortho_args(G, opt);
+  TORCH_CHECK(norms.empty() || norms.size() == Gs.size(), "argument 'norms': expected none or ", Gs.size(),
+              " tensors, got ", norms.size());
   if (Gs.empty()) return {};
   const Schedule s = resolve_schedule(opt);
-  std::vector<at::Tensor> G3s;
-  for (const auto& G : Gs) {
+  std::vector<at::Tensor> G3s, norm3s;
+  for (size_t i = 0; i < Gs.size(); ++i) {
+    const at::Tensor& G = Gs[i];
     const at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
     G3s.push_back(M.reshape({-1, M.size(-2), M.size(-1)}));
+    if (norms.empty()) continue;
+    const at::Tensor& n = norms[i];
+    TORCH_CHECK(n.defined() && n.scalar_type() == at::kFloat && n.device() == G.device() &&
+                    n.numel() == G3s.back().size(0),
+                "argument 'norms' [", i, "]: expected ", G3s.back().size(0), " fp32 norms on ", G.device());
+    norm3s.push_back(n.reshape({-1, 1, 1}));
   }
-  auto out = orthogonalize_batches(G3s, opt, s);
+  auto out = orthogonalize_batches(G3s, opt, s, norm3s);
   for (size_t i = 0; i < Gs.size(); ++i) out[i] = out[i].reshape(Gs[i].sizes());
   return out;
 }

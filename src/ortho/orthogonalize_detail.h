@@ -20,7 +20,11 @@ at::Tensor orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOption
 // of every input that shares its m (rows after orientation) and compute dtype with others run as
 // one iteration over all of them (the small m×m products batched across shapes). Each result is
 // what orthogonalize_in_compute_dtype(Gs[i], opt) gives, up to the products' batching.
+// norms (empty, or one per input): each input's per-matrix Frobenius norms [B] (fp32, on the
+// inputs' device), already known to the caller (the fused Muon step gets them from its momentum
+// pass), used instead of a reduction over the input; they agree with it up to summation order.
 std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
-                                                            const OrthoOptions& opt);
+                                                            const OrthoOptions& opt,
+                                                            const std::vector<at::Tensor>& norms = {});
 
 }  // namespace orthopt::detail

@@ -429,6 +429,29 @@ TEST_F(Orthogonalize, ManyEqualsOneByOne) {
   expect_error_naming([&] { orthopt::detail::orthogonalize_many_in_compute_dtype({torch::ones({3})}, {}); }, "G");
 }
 
+// Norms given by the caller (the fused Muon step sums them in its momentum pass) replace the
+// reduction over the input: the wide input's own fp32 norms give its result bit for bit; norms
+// scaled by 2 halve the NS input, which the result must show (it is not ignored); a wrong count
+// or dtype is refused naming 'norms'.
+TEST_F(Orthogonalize, ManyTakesGivenNorms) {
+  const auto G = spread_batch(3, 24, 30).to(at::kFloat);  // standard NS (aspect 1.25 < the Gram threshold 1.5)
+  const auto G2 = spread_batch(2, 24, 96).to(at::kFloat);  // Gram
+  OrthoOptions o;
+  o.compute_dtype = at::kFloat;
+  const auto plain = orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o);
+  const auto norm = [](const torch::Tensor& X) { return at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}); };
+  const auto given = orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o, {norm(G), norm(G2)});
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(torch::equal(plain[i], given[i])) << "input " << i << ": max |difference| "
+                                                  << max_abs_diff(plain[i], given[i]);
+  const auto halved = orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o, {2 * norm(G), 2 * norm(G2)});
+  EXPECT_GT(max_abs_diff(halved[0], plain[0]), 1e-3);  // NS from X/2 has not converged like NS from X
+  expect_error_naming([&] { orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o, {norm(G)}); }, "norms");
+  expect_error_naming(
+      [&] { orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o, {norm(G).to(at::kDouble), norm(G2)}); },
+      "norms");
+}
+
 TEST_F(Orthogonalize, TallEqualsTransposeOfWide) {
   for (auto method : {OrthoMethod::Standard, OrthoMethod::Gram}) {
     auto W = spread_batch(2, 32, 96);

@@ -413,54 +413,77 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
   report(worst.value <= 1.0 && gaps, "momentum", config, numel, worst.value, gaps);
 }
 
-// orthopt_multi_momentum_row_l1 (Dion3's accumulate + selection scores): tensors of R_j rows of
-// cols; M as check_momentum (no output), and each row's score against the fp64 sum of |M_new|
-// with the bound of an fp32 sum of cols terms plus M's own rounding and the score's rounding to
-// M's dtype. Skipped: M untouched, the scores those of the unchanged M.
-void check_momentum_row_l1(const std::vector<int64_t>& R, int64_t cols, orthopt_dtype dm, orthopt_dtype dg,
-                           double mu, double w, int keep_mode, std::mt19937& rng) {
+// orthopt_multi_momentum_rows: tensors of R_j rows of cols; M and out as check_momentum, and
+// each row's statistic (L1 of M_new, or the sum of squares of out) against the fp64 value with
+// the bound of an fp32 sum of cols terms plus the rounding of the terms themselves (and, for
+// L1, of the score to M's dtype). Skipped: M and out untouched, the statistic of the unchanged
+// M (L1) or 0.
+void check_momentum_rows(const std::vector<int64_t>& R, int64_t cols, orthopt_dtype dm, orthopt_dtype dg,
+                         orthopt_dtype dout, orthopt_row_stat stat, bool nesterov, double mu, double w, int keep_mode,
+                         std::mt19937& rng, bool no_out = false) {
+  const bool l1 = stat == ORTHOPT_ROW_L1_MOMENTUM, skip = keep_mode == 2;
+  if (l1) no_out = true;
   std::vector<int64_t> numel;
   for (int64_t r : R) numel.push_back(r * cols);
-  List M(dm, numel), G(dg, numel), S(ORTHOPT_FP32, R);
+  List M(dm, numel), G(dg, numel), O(dout, numel), S(ORTHOPT_FP32, R);
   M.fill(rng, 1.0);
   G.fill(rng, 1.0);
-  if (keep_mode == 2) G.set(G.offset[0], NAN);  // a skipped step must not read G
+  if (skip) G.set(G.offset[0], NAN);  // a skipped step must not read G
   M.upload();
   G.upload();
+  O.poison();
   S.poison();
-  const auto M0 = M.bytes, S0 = S.bytes;
+  const auto M0 = M.bytes, O0 = O.bytes, S0 = S.bytes;
   const Keep keep(keep_mode);
-  auto pm = M.ptrs(), pg = G.ptrs(), ps = S.ptrs();
-  std::vector<float*> scores;
-  for (void* p : ps) scores.push_back(static_cast<float*>(p));
-  const orthopt_status st = orthopt_multi_momentum_row_l1(static_cast<int64_t>(R.size()), numel.data(), cols,
-                                                          pm.data(), dm, pg.data(), dg, scores.data(), mu, w,
-                                                          keep.ptr(), nullptr);
-  if (call_failed(st, "multi momentum_row_l1")) return;
+  auto pm = M.ptrs(), pg = G.ptrs(), po = O.ptrs(), ps = S.ptrs();
+  std::vector<float*> stats;
+  for (void* p : ps) stats.push_back(static_cast<float*>(p));
+  const orthopt_status st = orthopt_multi_momentum_rows(
+      static_cast<int64_t>(R.size()), numel.data(), cols, pm.data(), dm, pg.data(), dg, no_out ? nullptr : po.data(),
+      dout, mu, w, nesterov, stat, stats.data(), keep.ptr(), nullptr);
+  if (call_failed(st, "multi momentum_rows")) return;
   M.download();
+  O.download();
   S.download();
-  const std::string config = dts({{"M", dm}, {"G", dg}}) + "cols=" + std::to_string(cols) + " mu=" +
-                             std::to_string(mu).substr(0, 4) + " " + keep_name(keep_mode);
-  const bool skip = keep_mode == 2;
+  const std::string config = dts({{"M", dm}, {"G", dg}}) + (no_out ? "out=NULL " : dts({{"out", dout}})) +
+                             (l1 ? "stat=L1(M) " : "stat=sumsq(out) ") + (nesterov ? "nesterov " : "") +
+                             "cols=" + std::to_string(cols) + " mu=" + std::to_string(mu).substr(0, 4) + " " +
+                             keep_name(keep_mode);
+  const orthopt_dtype dterm = no_out ? ORTHOPT_FP32 : dout;  // the dtype of the summed out values
   Worst worst;
   for (size_t j = 0; j < R.size(); ++j)
     for (int64_t row = 0; row < R[j]; ++row) {
-      double l1 = 0, tol = 0;
+      double stat_ref = 0, tol = 0;
       for (int64_t c = 0; c < cols; ++c) {
         const int64_t e = M.offset[j] + row * cols + c;
-        const double m = decode(M0, dm, e), g = skip ? 0.0 : G.get(e);
-        const double m_ref = skip ? m : mu * m + w * g, mag = skip ? 0.0 : mu * std::fabs(m) + w * std::fabs(g);
-        const double m_tol = skip ? 0.0 : unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm);
-        worst.add(M.get(e), m_ref, skip ? 1.0 : m_tol);
-        l1 += std::fabs(m_ref);
-        tol += m_tol;
+        const double m = decode(M0, dm, e);
+        if (skip) {
+          stat_ref += l1 ? std::fabs(m) : 0.0;
+          continue;
+        }
+        const double g = G.get(e);
+        const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
+        const double m_tol = unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm);
+        worst.add(M.get(e), m_ref, m_tol);
+        if (l1) {
+          stat_ref += std::fabs(m_ref);
+          tol += m_tol;
+          continue;
+        }
+        const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
+        const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
+        const double o_tol = unit(dterm) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dterm);
+        if (!no_out) worst.add(O.get(e), o_ref, o_tol);
+        stat_ref += o_ref * o_ref;
+        tol += 2 * std::fabs(o_ref) * o_tol + o_tol * o_tol + kU32 * o_ref * o_ref;  // the term and its square
       }
-      tol += static_cast<double>(cols) * kU32 * l1;  // the fp32 sum
-      const double got = S.get(S.offset[j] + row);
-      worst.add(got, l1, tol + unit(dm) * l1 + 1e-30);
+      tol += static_cast<double>(cols) * kU32 * stat_ref;  // the fp32 sum
+      if (l1) tol += unit(dm) * stat_ref;                  // the score in M's dtype
+      worst.add(S.get(S.offset[j] + row), stat_ref, tol + 1e-30);
     }
-  const bool gaps = M.gaps_unchanged(M0) && S.gaps_unchanged(S0) && (!skip || M.bytes == M0);
-  report(worst.value <= 1.0 && gaps, "momentum_row_l1", config, numel, worst.value, gaps);
+  const bool gaps = M.gaps_unchanged(M0) && O.gaps_unchanged(O0) && S.gaps_unchanged(S0) &&
+                    (!skip || (M.bytes == M0 && O.bytes == O0)) && (!no_out || O.bytes == O0);
+  report(worst.value <= 1.0 && gaps, "momentum_rows", config, numel, worst.value, gaps);
 }
 
 // fp64 reference of the decoupled update (update_math.cpp: decoupled_update); flip inverts the
@@ -798,10 +821,14 @@ void check_multi_errors() {
   st = orthopt_multi_adamw(0, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr,
                            ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, 0.9, 0.95, 1e-8, 0.0, 0, nullptr, nullptr);
   const bool ok5 = st == ORTHOPT_OK;  // an empty list is a no-op
-  float* scores[2] = {static_cast<float*>(p), static_cast<float*>(p)};
-  st = orthopt_multi_momentum_row_l1(2, numel, 3, full, ORTHOPT_FP32, full, ORTHOPT_FP32, scores, 1.0, 1.0, nullptr,
-                                     nullptr);  // numel[1] = 4 is not whole rows of 3
-  const bool ok6 = st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
+  float* stats[2] = {static_cast<float*>(p), static_cast<float*>(p)};
+  st = orthopt_multi_momentum_rows(2, numel, 3, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32, 1.0, 1.0,
+                                   0, ORTHOPT_ROW_L1_MOMENTUM, stats, nullptr, nullptr);  // 4 is not whole rows of 3
+  bool ok6 = st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
+  const int64_t rows_of_2[2] = {2, 4};
+  st = orthopt_multi_momentum_rows(2, rows_of_2, 2, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, 1.0,
+                                   1.0, 0, ORTHOPT_ROW_L1_MOMENTUM, stats, nullptr, nullptr);  // L1 takes no output
+  ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'out'");
   cudaFree(p);
   const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
   if (!ok) ++g_failures;
@@ -842,15 +869,22 @@ void check_multi(bool quick, std::mt19937& rng) {
     check_update_selected(cols, B16, F16, false, F32, true, 0, rng);
   }
   check_update_selected(768, F32, F32, true, B16, true, 2, rng);  // skip: nothing written
-  for (int64_t cols : {1, 7, 768, 2051}) {  // Dion3's accumulate with the rows' selection scores
+  constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;
+  for (int64_t cols : {1, 7, 768, 2051}) {  // momentum with per-row statistics (Dion3's scores, NS input norms)
     const std::vector<int64_t> R = {5, 1, 64, 300, 17, 9};
-    check_momentum_row_l1(R, cols, F32, F32, 1.0, 1.0, 0, rng);
-    check_momentum_row_l1(R, cols, F32, B16, 0.95, 0.05, 1, rng);
-    check_momentum_row_l1(R, cols, B16, B16, 1.0, 1.0, 0, rng);
-    check_momentum_row_l1(R, cols, F16, F32, 0.9, 1.0, 1, rng);
+    check_momentum_rows(R, cols, F32, F32, F32, L1, false, 1.0, 1.0, 0, rng);
+    check_momentum_rows(R, cols, F32, B16, F32, L1, false, 0.95, 0.05, 1, rng);
+    check_momentum_rows(R, cols, B16, B16, F32, L1, false, 1.0, 1.0, 0, rng);
+    check_momentum_rows(R, cols, F16, F32, F32, L1, false, 0.9, 1.0, 1, rng);
+    check_momentum_rows(R, cols, F32, F32, F32, SQ, true, 0.95, 1.0, 0, rng);
+    check_momentum_rows(R, cols, F32, B16, B16, SQ, false, 0.95, 0.05, 1, rng);
+    check_momentum_rows(R, cols, B16, F32, F16, SQ, true, 0.9, 0.1, 0, rng);
+    check_momentum_rows(R, cols, F32, F32, F32, SQ, true, 0.95, 1.0, 1, rng, /*no_out=*/true);
   }
-  check_momentum_row_l1({5, 64, 300}, 768, F32, F32, 1.0, 1.0, 2, rng);  // skip: scores of the old M
-  check_momentum_row_l1({4096}, 2048, F32, F32, 1.0, 1.0, 1, rng);       // many blocks
+  check_momentum_rows({5, 64, 300}, 768, F32, F32, F32, L1, false, 1.0, 1.0, 2, rng);  // skip: scores of the old M
+  check_momentum_rows({5, 64, 300}, 768, F32, F32, F32, SQ, true, 0.95, 1.0, 2, rng);   // skip: nothing but zeros
+  check_momentum_rows({4096}, 2048, F32, F32, F32, L1, false, 1.0, 1.0, 1, rng);       // many blocks
+  check_momentum_rows({4096}, 2048, F32, F32, F32, SQ, true, 0.95, 1.0, 1, rng);
   check_graph_capture(rng);
 }
 
