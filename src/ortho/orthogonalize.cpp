@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <map>
 #include <numeric>
 
@@ -13,8 +12,6 @@
 
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/products_cuda.h"
-#include "cuda/stream_fork.h"
-#include "orthopt/runtime.h"
 #endif
 
 namespace orthopt {
@@ -118,50 +115,30 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
 // [B, c, r] result). Gram batches with the same m and compute dtype iterate together (gram_ns).
-// Each Gram group and each standard input is an independent chain of products; on a GPU with
-// the kernels on, the chains run on parallel streams (each chain's operations are the same as
-// run alone, so the results are too).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
                                               const Schedule& s, const std::vector<at::Tensor>& norms = {}) {
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
-  std::vector<size_t> standard;
-  std::vector<at::ScalarType> compute(G3s.size());
-  const c10::Device device = G3s[0].device();
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
-    TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
+    TORCH_CHECK(G3.device() == G3s[0].device(), "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ",
+                G3s[0].device());
     const bool tall = G3.size(1) > G3.size(2);
     const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
     const OrthoMethod method = resolve_method(m, n, opt);
-    compute[i] = resolve_compute_dtype(opt, device, method);
+    const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
+    X[i] = normalized_input(G3, tall, compute, s, norms.empty() ? at::Tensor() : norms[i]);
     if (method == OrthoMethod::Gram)
-      gram[{m, compute[i]}].push_back(i);
+      gram[{m, compute}].push_back(i);
     else
-      standard.push_back(i);
+      X[i] = standard_ns(X[i], s, opt.steps, Precision::of(compute, G3.device()));
   }
-  auto input = [&](size_t i) {
-    return normalized_input(G3s[i], G3s[i].size(1) > G3s[i].size(2), compute[i], s,
-                            norms.empty() ? at::Tensor() : norms[i]);
-  };
-  std::vector<std::function<void()>> chains;
-  for (const auto& [key, idx] : gram)
-    chains.push_back([&, key = key, idx = idx] {
-      std::vector<at::Tensor> Xs;
-      for (size_t i : idx) Xs.push_back(input(i));
-      Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device));
-      for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
-    });
-  for (size_t i : standard)
-    chains.push_back([&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device)); });
-#ifdef ORTHOPT_WITH_CUDA
-  if (device.is_cuda() && gpu_kernels_enabled()) {
-    std::vector<at::Tensor> inputs(G3s.begin(), G3s.end());
-    inputs.insert(inputs.end(), norms.begin(), norms.end());
-    cuda::run_on_parallel_streams(device, chains, inputs, &X);
-  } else
-#endif
-    for (const auto& chain : chains) chain();
+  for (const auto& [key, idx] : gram) {
+    std::vector<at::Tensor> Xs;
+    for (size_t i : idx) Xs.push_back(X[i]);
+    Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, G3s[0].device()));
+    for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
+  }
   for (size_t i = 0; i < G3s.size(); ++i)
     if (G3s[i].size(1) > G3s[i].size(2)) X[i] = X[i].transpose(1, 2);
   return X;
