@@ -19,7 +19,8 @@ STEPS = 3
 
 def kernel_class(name):
     n = name.lower()
-    if n.startswith("orthopt") or "multi_tensor" in n or "sym_" in n and "orthopt" in n:
+    # Templates print as "void orthopt_k::...": match the namespace anywhere in the name.
+    if "orthopt_k::" in n or n.startswith("orthopt") or "multi_tensor" in n:
         return "orthopt kernels"
     if any(k in n for k in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "gemv", "cublas")):
         return "GEMM (cuBLAS/cuBLASLt)"
