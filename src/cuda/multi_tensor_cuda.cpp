@@ -149,25 +149,6 @@ bool multi_tensor_handles(const at::Tensor& t) {
   return gpu_kernels_enabled();
 }
 
-void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
-              const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
-              const at::Tensor& keep) {
-  const char* fn = "orthopt::cuda::momentum";
-  const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}, {&outs, "outs", /*optional=*/true}};
-  const auto groups = by_dtypes(lists, fn);
-  if (momenta.empty()) return;
-  const Launch launch(momenta[0].device(), keep, nullptr, fn);
-  for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(momenta, idx);
-    auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx);
-    check_status(orthopt_multi_momentum(static_cast<int64_t>(idx.size()), numel.data(), M.data(),
-                                        static_cast<orthopt_dtype>(dt[0]), G.data(), static_cast<orthopt_dtype>(dt[1]),
-                                        data_or_null(O), dtype_or_fp32(dt[2]), mu, grad_weight, nesterov ? 1 : 0,
-                                        launch.keep, launch.stream),
-                 "orthopt_multi_momentum");
-  }
-}
-
 void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
                    const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
                    double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep) {

@@ -21,15 +21,11 @@ namespace orthopt::cuda {
 // call, like handles(), so a test can compare with the reference path in one process).
 bool multi_tensor_handles(const at::Tensor& t);
 
-// M ← μ·M + w·G; out = nesterov ? w·G + μ·M_new : M_new (in out's dtype; `outs` empty: none).
-void momentum(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
-              const std::vector<at::Tensor>& outs, double mu, double grad_weight, bool nesterov,
-              const at::Tensor& keep);
-
-// momentum() over rows of `cols` with one statistic per row written to stats[i] (fp32, one
-// per row of momenta[i]; deterministic): the L1 norm of M_new (Dion3's selection scores; no
-// outputs), or the sum of squares of the output (the NS input's squared norm, summed over its
-// rows). A skipped step writes the unchanged M's L1 norms, or zeros.
+// M ← μ·M + w·G and out = nesterov ? w·G + μ·M_new : M_new (in out's dtype; `outs` empty:
+// none), over rows of `cols` (orthopt_multi_momentum_rows), with one statistic per row written
+// to stats[i] (fp32, one per row of momenta[i]; deterministic): the L1 norm of M_new (Dion3's
+// selection scores; no outputs), or the sum of squares of the output (the NS input's squared
+// norm, summed over its rows). A skipped step writes the unchanged M's L1 norms, or zeros.
 enum class RowStat { L1OfMomentum, SumSqOfOutput };
 void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
                    const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
