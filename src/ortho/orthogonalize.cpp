@@ -93,7 +93,9 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
     // input as stored, contiguous: for tall inputs that is a different reduction order than the
     // reference path below (which reduces the transposed copy), so the norm, and with it the
     // result, may differ from the reference by about one ulp of the norm; wide inputs reduce
-    // the same fp32 tensor and match the reference bit for bit.
+    // the same fp32 tensor and match the reference bit for bit. A given norm (the fused Muon
+    // step sums each row's squares in its momentum pass) replaces the reduction; it agrees with
+    // it up to the order of the fp32 sums.
     const at::Tensor G = G3.contiguous();
     at::Tensor norm = given_norm;
     if (!norm.defined()) {
