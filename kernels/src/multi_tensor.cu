@@ -121,6 +121,16 @@ struct MomentumArgs {
   const uint8_t* keep;
 };
 
+// The momentum's fp32 arithmetic, shared by both momentum kernels: M_new = μ·M + w·G (w·G
+// returned in *wg), and the orthogonalization input, w·G + μ·M_new (Nesterov) or M_new.
+__device__ __forceinline__ float momentum_new(float m, float g, float mu, float grad_weight, float* wg) {
+  *wg = __fmul_rn(g, grad_weight);
+  return __fadd_rn(__fmul_rn(m, mu), *wg);
+}
+__device__ __forceinline__ float momentum_input(float wg, float m_new, float mu, int nesterov) {
+  return nesterov ? __fadd_rn(wg, __fmul_rn(m_new, mu)) : m_new;
+}
+
 // roles: 0 momentum (read, written), 1 gradient, 2 orthogonalization input (written)
 __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constant__ Table<3> t, const MomentumArgs a) {
   if (skipped(a.keep)) return;
@@ -141,17 +151,18 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constan
     for (int r = 0; r < kIlp; ++r) {
       const int64_t e = base + r * kThreads;
       if (e >= end) continue;
-      const float wg = __fmul_rn(g[r], a.grad_weight);
-      const float m_new = __fadd_rn(__fmul_rn(m[r], a.mu), wg);
+      float wg;
+      const float m_new = momentum_new(m[r], g[r], a.mu, a.grad_weight, &wg);
       store(M, e, a.momentum_dtype, m_new);
-      if (out) store(out, e, a.out_dtype, a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new);
+      if (out) store(out, e, a.out_dtype, momentum_input(wg, m_new, a.mu, a.nesterov));
     }
   }
 }
 
 // ---- momentum over whole rows with a statistic per row (orthopt_multi_momentum_rows): one
 // warp per row, so the statistic is summed in a fixed order (lanes in column order, then a
-// fixed butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's.
+// fixed butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's
+// (momentum_new, momentum_input).
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
@@ -198,13 +209,13 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
         continue;
       }
       const int64_t e = row_start + c;
-      const float wg = __fmul_rn(g[r], a.grad_weight);
-      const float m_new = __fadd_rn(__fmul_rn(m[r], a.mu), wg);
+      float wg;
+      const float m_new = momentum_new(m[r], g[r], a.mu, a.grad_weight, &wg);
       store(M, e, a.momentum_dtype, m_new);
       if (l1) {
         sum = __fadd_rn(sum, fabsf(rounded(m_new, a.momentum_dtype)));  // the stored value
       } else {
-        const float o = rounded(a.nesterov ? __fadd_rn(wg, __fmul_rn(m_new, a.mu)) : m_new, a.out_dtype);
+        const float o = rounded(momentum_input(wg, m_new, a.mu, a.nesterov), a.out_dtype);
         if (out) store(out, e, a.out_dtype, o);
         sum = __fadd_rn(sum, __fmul_rn(o, o));
       }
