@@ -889,32 +889,27 @@ class OptimizerImpl {
   void step_muon_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto& params = groups[g].params;
-    // Orthogonalization inputs grouped by bank; the momentum kernel writes them straight into
-    // one fp32 [B, rows, cols] buffer per bank (the stack the reference builds).
+    // Per bank, the momentum kernel writes the orthogonalization inputs straight into one fp32
+    // [B, rows, cols] buffer (the stack the reference builds) and sums each row's squares of
+    // them: the NS input norms then come from [B, rows] partial sums instead of another read of
+    // the stack.
     const auto bks = banks(g, idx);
-    std::vector<at::Tensor> stacks, inputs(idx.size());
-    for (const Bank& b : bks) {
-      at::Tensor stack = at::empty({b.size(), b.rows, b.cols}, params[b.params[0]].options().dtype(at::kFloat));
-      for (size_t j = 0; j < b.params.size(); ++j)
-        inputs[b.positions[j]] = b.slice(stack, j).view(matrix_sizes(params[b.params[j]], o));
-      stacks.push_back(stack);
-    }
-    // Per bank, the momentum pass also sums each row's squares of the input it writes: the NS
-    // input norms then come from [B, rows] partial sums instead of another read of the stack.
-    std::vector<at::Tensor> norms;
     const double grad_weight = optim_detail::momentum_grad_weight(o.momentum, o.momentum_style);
-    for (size_t k = 0; k < bks.size(); ++k) {
-      const Bank& b = bks[k];
-      const at::Tensor row_sq = at::empty({b.size(), b.rows}, stacks[k].options());
-      std::vector<at::Tensor> momenta, grads, outs, stats;
+    std::vector<at::Tensor> stacks, norms;
+    for (const Bank& b : bks) {
+      const at::Tensor stack =
+          at::empty({b.size(), b.rows, b.cols}, params[b.params[0]].options().dtype(at::kFloat));
+      const at::Tensor row_sq = at::empty({b.size(), b.rows}, stack.options());
+      std::vector<at::Tensor> momenta, grads, inputs, stats;
       for (size_t j = 0; j < b.params.size(); ++j) {
         momenta.push_back(state_of(g, b.params[j]).at("momentum"));
         grads.push_back(params[b.params[j]].grad());
-        outs.push_back(inputs[b.positions[j]]);
+        inputs.push_back(b.slice(stack, j));
         stats.push_back(b.slice(row_sq, j));
       }
-      cuda::momentum_rows(momenta, grads, outs, stats, b.cols, o.momentum, grad_weight, o.nesterov,
+      cuda::momentum_rows(momenta, grads, inputs, stats, b.cols, o.momentum, grad_weight, o.nesterov,
                           cuda::RowStat::SumSqOfOutput, keep_flag());
+      stacks.push_back(stack);
       if (o.ortho.split_sizes.empty()) norms.push_back(row_sq.sum(-1).sqrt_());  // [B]
     }
 
