@@ -372,6 +372,20 @@ std::string dts(std::initializer_list<std::pair<const char*, orthopt_dtype>> l) 
   return s;
 }
 
+// fp64 reference of one momentum element with the tolerances of M_new (stored in dm) and of the
+// orthogonalization input (stored in dout): both momentum checks judge by it.
+struct MomentumRef {
+  double m, m_tol, out, out_tol;
+};
+MomentumRef momentum_ref(double m, double g, double mu, double w, bool nesterov, orthopt_dtype dm,
+                         orthopt_dtype dout) {
+  const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
+  const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
+  const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
+  return {m_ref, unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm), o_ref,
+          unit(dout) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dout)};
+}
+
 // no_out: out == NULL (M ← μ·M + w·G only; the poisoned out buffers must stay untouched).
 void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt_dtype dg, orthopt_dtype dout,
                     bool nesterov, bool ema, int keep_mode, std::mt19937& rng, bool no_out = false) {
@@ -401,13 +415,10 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
   Worst worst;
   for (size_t i = 0; i < numel.size(); ++i)
     for (int64_t e = M.offset[i]; e < M.offset[i] + numel[i]; ++e) {
-      const double m = decode(M0, dm, e), g = G.get(e);
-      const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
-      worst.add(M.get(e), m_ref, unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm));
+      const MomentumRef r = momentum_ref(decode(M0, dm, e), G.get(e), mu, w, nesterov, dm, dout);
+      worst.add(M.get(e), r.m, r.m_tol);
       if (no_out) continue;
-      const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
-      const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
-      worst.add(O.get(e), o_ref, unit(dout) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dout));
+      worst.add(O.get(e), r.out, r.out_tol);
     }
   const bool gaps = M.gaps_unchanged(M0) && O.gaps_unchanged(O0) && (!no_out || O.bytes == O0);
   report(worst.value <= 1.0 && gaps, "momentum", config, numel, worst.value, gaps);
@@ -461,21 +472,16 @@ void check_momentum_rows(const std::vector<int64_t>& R, int64_t cols, orthopt_dt
           stat_ref += l1 ? std::fabs(m) : 0.0;
           continue;
         }
-        const double g = G.get(e);
-        const double m_ref = mu * m + w * g, mag = mu * std::fabs(m) + w * std::fabs(g);
-        const double m_tol = unit(dm) * std::fabs(m_ref) + 6 * kU32 * mag + floor_of(dm);
-        worst.add(M.get(e), m_ref, m_tol);
+        const MomentumRef r = momentum_ref(m, G.get(e), mu, w, nesterov, dm, dterm);
+        worst.add(M.get(e), r.m, r.m_tol);
         if (l1) {
-          stat_ref += std::fabs(m_ref);
-          tol += m_tol;
+          stat_ref += std::fabs(r.m);
+          tol += r.m_tol;
           continue;
         }
-        const double o_ref = nesterov ? w * g + mu * m_ref : m_ref;
-        const double o_mag = nesterov ? w * std::fabs(g) + mu * mag : mag;
-        const double o_tol = unit(dterm) * std::fabs(o_ref) + 8 * kU32 * o_mag + floor_of(dterm);
-        if (!no_out) worst.add(O.get(e), o_ref, o_tol);
-        stat_ref += o_ref * o_ref;
-        tol += 2 * std::fabs(o_ref) * o_tol + o_tol * o_tol + kU32 * o_ref * o_ref;  // the term and its square
+        if (!no_out) worst.add(O.get(e), r.out, r.out_tol);
+        stat_ref += r.out * r.out;
+        tol += 2 * std::fabs(r.out) * r.out_tol + r.out_tol * r.out_tol + kU32 * r.out * r.out;  // the term, squared
       }
       tol += static_cast<double>(cols) * kU32 * stat_ref;  // the fp32 sum
       if (l1) tol += unit(dm) * stat_ref;                  // the score in M's dtype
