@@ -288,8 +288,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // The epilogue works in registers: the rounded pair of each accumulator 8×8 block is stored in
 // place, then transposed inside the warp (movmatrix: the mma fragment layout in, the same
 // layout of the transpose out) and stored mirrored, with no shared staging buffer (the staged
-// epilogue was 1.0-1.45x slower from 4096² to 88×2048² on an H200; 4% faster at 8192² only). β·C: the producer loads each tile's C by TMA into the owning
-// warpgroup's C buffer while the tile's main loop runs; read from global memory in the
+// epilogue was 1.0-1.45x slower from 4096² to 88×2048² on an H200; 4% faster at 8192² only).
+// β·C: the producer loads each tile's C by TMA into the owning warpgroup's C buffer while the
+// tile's main loop runs; read from global memory in the
 // epilogue, C made the epilogue longer than the other warpgroup's main loop (+50% at 88×2048²).
 // C that TMA cannot address (m % 8 != 0, misaligned) is read from global memory, in batches.
 constexpr size_t kPpStageBytes = size_t(2) * kBM * kBK * 2;
