@@ -53,11 +53,14 @@ orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, in
 
 /* General product, batched, through cuBLAS (fp32 accumulation, β·C epilogue in the library):
  *     D = alpha·A·X + beta·C
- * with A [m, k], X [k, n], C, D [m, n]. C may be NULL (beta ignored); C may equal D. */
+ * with A [m, k], X [k, n], C, D [m, n], all row-major. An operand may instead be stored as its
+ * transpose (a_transposed: A stored [k, m]; x_transposed: X stored [n, k]); no data moves, the
+ * library reads it transposed (Newton–Schulz on a tall matrix in its own layout).
+ * C may be NULL (beta ignored); C may equal D. */
 orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                            const void* A, int64_t stride_a, const void* X, int64_t stride_x,
-                            float alpha, const void* C, int64_t stride_c, float beta, void* D,
-                            int64_t stride_d, cudaStream_t stream);
+                            const void* A, int64_t stride_a, int a_transposed, const void* X,
+                            int64_t stride_x, int x_transposed, float alpha, const void* C,
+                            int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream);
 
 /* Scaled cast, optionally transposed, batched (the Newton–Schulz input, algorithms.md §1):
  *     out[b] = op(in[b] / (norm[b]·safety + eps))     or     out[b] = op(in[b])  when norm == NULL

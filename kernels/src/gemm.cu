@@ -1,6 +1,6 @@
 // Rectangular products D = α·A·X + β·C through cuBLASLt (fp32 accumulation, β·C in its epilogue).
 // Row-major operands are handed to the column-major library as their transposes:
-// Dᵀ = Xᵀ·Aᵀ, so no data moves. cuBLASLt's first heuristic choice was measured 17% slower than
+// Dᵀ = Xᵀ·Aᵀ, so no data moves; an operand stored transposed is read with op T. cuBLASLt's first heuristic choice was measured 17% slower than
 // the legacy cuBLAS call at 8192³ (bench/results/2026-11-29-h100-sym-products.md), so the first
 // call of each shape times the top candidates once on its own operands and keeps the fastest.
 #include <map>
@@ -12,7 +12,8 @@
 namespace orthopt_k {
 namespace {
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+using PlanKey =
+    std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -42,7 +43,7 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
     *out = &it->second;
     return ORTHOPT_OK;
   }
-  const auto [dt, batch, m, n, k, sa, sx, sc, sd, device, x_transposed] = key;
+  const auto [dt, batch, m, n, k, sa, sx, sc, sd, device, a_transposed, x_transposed] = key;
   const cudaDataType_t type = cuda_type(static_cast<orthopt_dtype>(dt));
   Plan p;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -54,7 +55,14 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   } else {
     ORTHOPT_STATUS_TRY(make_layout(&p.x, type, n, k, n, batch, sx));  // Xᵀ: n×k col-major
   }
-  ORTHOPT_STATUS_TRY(make_layout(&p.a, type, k, m, k, batch, sa));  // Aᵀ: k×m col-major
+  if (a_transposed) {
+    // A stored [k, m] row-major is m×k col-major; the product needs Aᵀ, k×m: op T.
+    const cublasOperation_t t = CUBLAS_OP_T;
+    ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof(t)));
+    ORTHOPT_STATUS_TRY(make_layout(&p.a, type, m, k, m, batch, sa));
+  } else {
+    ORTHOPT_STATUS_TRY(make_layout(&p.a, type, k, m, k, batch, sa));  // Aᵀ: k×m col-major
+  }
   ORTHOPT_STATUS_TRY(make_layout(&p.c, type, n, m, n, batch, sc));
   ORTHOPT_STATUS_TRY(make_layout(&p.d, type, n, m, n, batch, sd));
   cublasLtMatmulPreference_t pref;
@@ -81,8 +89,9 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
 }  // namespace
 
 orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
-                         int64_t stride_a, const void* X, int64_t stride_x, bool x_transposed, float alpha,
-                         const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream) {
+                         int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x, bool x_transposed,
+                         float alpha, const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
+                         cudaStream_t stream) {
   if (!C) {
     C = D;
     stride_c = stride_d;
@@ -94,7 +103,9 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
   ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
   Plan* plan = nullptr;
   ORTHOPT_STATUS_TRY(get_plan(
-      ctx, PlanKey{dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device, x_transposed}, &plan));
+      ctx,
+      PlanKey{dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device, a_transposed, x_transposed},
+      &plan));
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(ctx->lt, plan->op, &alpha, X, plan->x, A, plan->a, &beta, C, plan->c, D, plan->d, &algo,
                           ctx->workspace, kWorkspaceBytes, stream);
@@ -135,15 +146,16 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
 using namespace orthopt_k;
 
 extern "C" orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                                       const void* A, int64_t stride_a, const void* X, int64_t stride_x,
-                                       float alpha, const void* C, int64_t stride_c, float beta, void* D,
-                                       int64_t stride_d, cudaStream_t stream) {
+                                       const void* A, int64_t stride_a, int a_transposed, const void* X,
+                                       int64_t stride_x, int x_transposed, float alpha, const void* C,
+                                       int64_t stride_c, float beta, void* D, int64_t stride_d,
+                                       cudaStream_t stream) {
   if (!valid_dtype(dtype)) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: argument 'dtype' must be bf16 or fp16");
   if (batch < 1 || m < 1 || n < 1 || k < 1)
     return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: sizes must be positive (batch %lld, m %lld, n %lld, k %lld)",
                 static_cast<long long>(batch), static_cast<long long>(m), static_cast<long long>(n),
                 static_cast<long long>(k));
   if (!A || !X || !D) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: arguments 'A', 'X', 'D' must not be NULL");
-  return gemm_impl(dtype, batch, m, n, k, A, stride_a, X, stride_x, false, alpha, C, stride_c, beta, D, stride_d,
-                   stream);
+  return gemm_impl(dtype, batch, m, n, k, A, stride_a, a_transposed != 0, X, stride_x, x_transposed != 0, alpha, C,
+                   stride_c, beta, D, stride_d, stream);
 }

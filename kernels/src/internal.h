@@ -61,11 +61,13 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, 
                              int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                              cudaStream_t stream);
-// D = α·A·op(X) + β·C through cuBLASLt, row-major: op(X) = X for X [k, n], or Xᵀ for X [n, k]
-// when x_transposed. C may be NULL (β ignored) or equal to D.
+// D = α·op(A)·op(X) + β·C through cuBLASLt, row-major: op(A) = A for A [m, k], or Aᵀ for A
+// [k, m] when a_transposed; op(X) = X for X [k, n], or Xᵀ for X [n, k] when x_transposed. C may
+// be NULL (β ignored) or equal to D.
 orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
-                         int64_t stride_a, const void* X, int64_t stride_x, bool x_transposed, float alpha,
-                         const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream);
+                         int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x, bool x_transposed,
+                         float alpha, const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
+                         cudaStream_t stream);
 // Copies the lower triangle of each m×m matrix of D onto its upper triangle (D becomes exactly
 // symmetric) and adds diag to its diagonal.
 orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,

@@ -36,6 +36,10 @@ orthopt_dtype elementwise_kernel_dtype(at::ScalarType t) {
 
 }  // namespace
 
+bool is_transposed_view(const at::Tensor& t) {
+  return t.dim() == 3 && !t.is_contiguous() && t.transpose(1, 2).is_contiguous();
+}
+
 bool handles(const at::Tensor& t) {
   if (!t.is_cuda() || (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf)) return false;
   return gpu_kernels_enabled();
@@ -78,7 +82,9 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
   const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2), n = X_in.size(2);
   TORCH_CHECK(X_in.size(0) == batch && X_in.size(1) == k, "argument 'X': expected shape [", batch, ", ", k,
               ", n], got ", X_in.sizes());
-  const at::Tensor A = A_in.contiguous(), X = X_in.contiguous();
+  // An operand that is the transpose of a contiguous tensor is read as stored (op T).
+  const bool a_t = is_transposed_view(A_in), x_t = is_transposed_view(X_in);
+  const at::Tensor A = a_t ? A_in : A_in.contiguous(), X = x_t ? X_in : X_in.contiguous();
   at::Tensor C;
   if (C_in.defined()) {
     check_operand(C_in, A_in, "C");
@@ -88,8 +94,8 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
   }
   const c10::cuda::CUDAGuard guard(A.device());
   at::Tensor D = at::empty({batch, m, n}, A.options());
-  check_status(orthopt_gemm(kernel_dtype(A), batch, m, n, k, A.data_ptr(), m * k, X.data_ptr(), k * n,
-                            static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
+  check_status(orthopt_gemm(kernel_dtype(A), batch, m, n, k, A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n,
+                            x_t ? 1 : 0, static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
                             static_cast<float>(beta), D.data_ptr(), m * n, at::cuda::getCurrentCUDAStream().stream()),
                "orthopt_gemm");
   return D;

@@ -13,13 +13,19 @@ namespace orthopt::cuda {
 // test can compare against the ATen reference path in one process).
 bool handles(const at::Tensor& t);
 
+// Whether t [B, r, c] is not contiguous but its transpose [B, c, r] is (Newton–Schulz's view of
+// a tall matrix kept in its own layout).
+bool is_transposed_view(const at::Tensor& t);
+
 // alpha·A·Bᵀ + beta·C + diag·I for A, B [batch, m, k], C [batch, m, m] (undefined: none).
 // The caller promises A·Bᵀ is symmetric (B == A, or commuting symmetric A, B with k == m);
 // only the lower triangle is computed and the result is exactly symmetric.
 at::Tensor sym_abt(const at::Tensor& A, const at::Tensor& B, double alpha, const at::Tensor& C, double beta,
                    double diag);
 
-// alpha·A·X + beta·C for A [batch, m, k], X [batch, k, n], C [batch, m, n] (undefined: none).
+// alpha·A·X + beta·C for A [batch, m, k], X [batch, k, n], C [batch, m, n] (undefined: none);
+// D is contiguous. A or X may be the transpose of a contiguous tensor (is_transposed_view): it is
+// read as stored, without a copy; any other layout is made contiguous first.
 at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at::Tensor& C, double beta);
 
 // Whether scale_cast takes this input and output dtype: a CUDA tensor in fp32, bf16 or fp16, an

@@ -926,8 +926,9 @@ class OptimizerImpl {
     if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms);
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
-      // Tall matrices come back as transposed views and the update kernel reads D contiguously:
-      // one copy per bank (a no-op for wide ones), for Muon by the transpose kernel in the
+      // Tall matrices may come back as transposed views and the update kernel reads D
+      // contiguously: one copy per bank (a no-op for wide ones and for tall ones whose Gram NS
+      // ran in their own layout), for Muon by the transpose kernel in the
       // compute dtype. NorMuon normalizes the views like the reference (same reduction order),
       // one normuon_bank() per bank.
       at::Tensor res;

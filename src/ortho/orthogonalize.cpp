@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <numeric>
 
@@ -79,11 +81,37 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
   return Xs;
 }
 
+// Whether Gram NS of a tall batch [B, n, m] (n > m) runs in the batch's own layout: X = Tᵀ as a
+// view of the contiguous T, R = Tᵀ·T and the result T·Qᵀ read T as stored (products.cpp), so
+// neither the NS input nor its result is transposed in memory (two passes over the batch, ≈ 10
+// bytes per element). The price: R becomes a dense product instead of the symmetric kernel's
+// lower triangle, m/2 more multiply-adds per element each time R is formed, so it pays for small
+// m only. Measured on an H200 (bench/results/2026-12-01-h200-own-layout.md): GPT-2's
+// 2304×768 and 3072×768 banks (m = 768) gain; at Llama's m = 2048 the estimate is a loss.
+// CUDA kernels only (the reference path transposes). ORTHOPT_GRAM_OWN_LAYOUT=0|1 forces it off
+// or on (A/B timings).
+constexpr int64_t kOwnLayoutMaxM = 1024;
+
+bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m) {
+#ifdef ORTHOPT_WITH_CUDA
+  if (compute != at::kBFloat16 && compute != at::kHalf) return false;
+  if (!cuda::scale_cast_handles(G3, compute)) return false;
+  const char* env = std::getenv("ORTHOPT_GRAM_OWN_LAYOUT");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  if (env && std::strcmp(env, "1") == 0) return true;
+  return m <= kOwnLayoutMaxM;
+#else
+  (void)G3, (void)compute, (void)m;
+  return false;
+#endif
+}
+
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
-// where X = G3, or its transpose when tall. Normalization always in fp32 (or fp64 when that is
-// the compute dtype). given_norm: the per-matrix norms [B, 1, 1] when the caller has them.
+// where X = G3, or its transpose when tall; with own_layout (tall, CUDA kernels), the transposed
+// view of the scaled G3 instead. Normalization always in fp32 (or fp64 when that is the compute
+// dtype). given_norm: the per-matrix norms [B, 1, 1] when the caller has them.
 at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType compute, const Schedule& s,
-                            const at::Tensor& given_norm) {
+                            const at::Tensor& given_norm, bool own_layout) {
 #ifdef ORTHOPT_WITH_CUDA
   // CUDA input in fp32/bf16/fp16, compute dtype among those, kernels not switched off by
   // ORTHOPT_GPU_KERNELS=0.
@@ -102,9 +130,11 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
       const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
       norm = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);  // [B, 1, 1]
     }
+    if (own_layout) return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/false).transpose(1, 2);
     return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/tall);
   }
 #endif
+  TORCH_CHECK(!own_layout, "normalized_input: own layout needs the CUDA kernels");
   // The reference path (CPU, fp64, ORTHOPT_GPU_KERNELS=0).
   const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor X = tall ? G3.transpose(1, 2) : G3;
@@ -116,7 +146,8 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
-// [B, c, r] result). Gram batches with the same m and compute dtype iterate together (gram_ns).
+// [B, c, r] result, or contiguous when Gram NS ran in the input's own layout). Gram batches with
+// the same m and compute dtype iterate together (gram_ns).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
                                               const Schedule& s, const std::vector<at::Tensor>& norms = {}) {
   std::vector<at::Tensor> X(G3s.size());
@@ -129,7 +160,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
     const OrthoMethod method = resolve_method(m, n, opt);
     const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
-    X[i] = normalized_input(G3, tall, compute, s, norms.empty() ? at::Tensor() : norms[i]);
+    const bool own_layout = tall && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute, m);
+    X[i] = normalized_input(G3, tall, compute, s, norms.empty() ? at::Tensor() : norms[i], own_layout);
     if (method == OrthoMethod::Gram)
       gram[{m, compute}].push_back(i);
     else

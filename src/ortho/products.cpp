@@ -30,7 +30,12 @@ bool use_kernels(const at::Tensor& t) {
 
 at::Tensor gram_product(const at::Tensor& X, const Precision& p) {
 #ifdef ORTHOPT_WITH_CUDA
-  if (use_kernels(X)) return cuda::sym_abt(X, X, 1.0, at::Tensor(), 0.0, 0.0);
+  if (use_kernels(X)) {
+    // X kept in a tall matrix's layout (X = Tᵀ, T contiguous): R = Tᵀ·T, one dense product
+    // reading both operands as stored (the symmetric kernels take row-major operands only).
+    if (cuda::is_transposed_view(X)) return cuda::gemm(X, X.transpose(1, 2), 1.0, at::Tensor(), 0.0);
+    return cuda::sym_abt(X, X, 1.0, at::Tensor(), 0.0, 0.0);
+  }
 #endif
   auto x = wide(X, p);
   return narrow(at::bmm(x, x.transpose(-2, -1)), p);
@@ -55,7 +60,12 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
 
 at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p) {
 #ifdef ORTHOPT_WITH_CUDA
-  if (use_kernels(A)) return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0);
+  if (use_kernels(A)) {
+    // X = Tᵀ kept in a tall matrix's layout: the result in the same layout, (A·X)ᵀ = T·Aᵀ.
+    if (cuda::is_transposed_view(X))
+      return cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0).transpose(1, 2);
+    return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0);
+  }
 #endif
   return narrow(at::bmm(wide(A, p), wide(X, p)), p);
 }

@@ -17,6 +17,9 @@ struct Precision {
   static Precision of(at::ScalarType dtype, c10::Device device);
 };
 
+// X may be the transposed view of a contiguous tensor (a tall matrix kept in its own layout):
+// gram_product and mm then read it as stored, and mm's result has the same layout.
+
 // X·Xᵀ (symmetric result).
 at::Tensor gram_product(const at::Tensor& X, const Precision& p);
 // beta·C + alpha·A·B where A, B are commuting symmetric matrices (symmetric result).

@@ -151,8 +151,9 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
               symmetric ? "" : (path == ORTHOPT_SYM_DENSE ? " (dense: symmetric up to rounding)" : " NOT-SYMMETRIC"));
 }
 
-void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, int c_mode, std::mt19937& rng) {
-  // c_mode: 0 no C, 1 separate C, 2 C == D (in place)
+void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, int c_mode, std::mt19937& rng,
+                bool a_t = false, bool x_t = false) {
+  // c_mode: 0 no C, 1 separate C, 2 C == D (in place); a_t: A stored [k, m]; x_t: X stored [n, k]
   const float alpha = 0.75f, beta = c_mode ? 1.5f : 0.0f;
   Buf A(batch * m * k), X(batch * k * n), C(batch * m * n), D(batch * m * n);
   fill_random(A, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
@@ -168,8 +169,8 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
     D.poison();
   }
   const void* cptr = c_mode == 1 ? C.dev : (c_mode == 2 ? D.dev : nullptr);
-  orthopt_status st = orthopt_gemm(dt, batch, m, n, k, A.dev, m * k, X.dev, k * n, alpha, cptr, m * n, beta, D.dev,
-                                   m * n, nullptr);
+  orthopt_status st = orthopt_gemm(dt, batch, m, n, k, A.dev, m * k, a_t ? 1 : 0, X.dev, k * n, x_t ? 1 : 0, alpha,
+                                   cptr, m * n, beta, D.dev, m * n, nullptr);
   cudaError_t sync = cudaDeviceSynchronize();
   if (st != ORTHOPT_OK || sync != cudaSuccess) {
     std::printf("FAIL gemm: %s %s\n", orthopt_last_error(), cudaGetErrorString(sync));
@@ -183,7 +184,8 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
         double s = 0;
-        for (int64_t p = 0; p < k; ++p) s += A.at(z * m * k + i * k + p, dt) * X.at(z * k * n + p * n + j, dt);
+        for (int64_t p = 0; p < k; ++p)
+          s += A.at(z * m * k + (a_t ? p * m + i : i * k + p), dt) * X.at(z * k * n + (x_t ? j * k + p : p * n + j), dt);
         const double ref = alpha * s + (c_mode ? beta * C.at(z * m * n + i * n + j, dt) : 0.0);
         const double got = D.at(z * m * n + i * n + j, dt);
         finite = finite && std::isfinite(got);
@@ -193,8 +195,9 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
   const double err = std::sqrt(num / den);
   const bool ok = finite && err <= bound(dt);
   if (!ok) ++g_failures;
-  std::printf("%s gemm %-4s batch=%-2lld m=%-4lld n=%-4lld k=%-4lld C=%-8s rel_err=%.2e (bound %.0e)%s\n",
-              ok ? "ok  " : "FAIL", name(dt), (long long)batch, (long long)m, (long long)n, (long long)k,
+  std::printf("%s gemm %-4s %s·%s batch=%-2lld m=%-4lld n=%-4lld k=%-4lld C=%-8s rel_err=%.2e (bound %.0e)%s\n",
+              ok ? "ok  " : "FAIL", name(dt), a_t ? "Aᵀ" : "A ", x_t ? "Xᵀ" : "X ", (long long)batch, (long long)m,
+              (long long)n, (long long)k,
               c_mode == 0 ? "none" : (c_mode == 1 ? "separate" : "in-place"), err, bound(dt),
               finite ? "" : " NON-FINITE/UNWRITTEN");
 }
@@ -1175,6 +1178,10 @@ int main(int argc, char** argv) {
     check_gemm(dt, 2, 96, 200, 72, 0, rng);
     check_gemm(dt, 1, 128, 136, 128, 1, rng);
     check_gemm(dt, 3, 64, 80, 64, 2, rng);
+    // Operands stored transposed (Newton–Schulz in a tall matrix's own layout): Tᵀ·T, T·Qᵀ.
+    check_gemm(dt, 2, 96, 96, 200, 0, rng, /*a_t=*/true, /*x_t=*/false);
+    check_gemm(dt, 2, 72, 96, 96, 1, rng, /*a_t=*/false, /*x_t=*/true);
+    check_gemm(dt, 3, 64, 80, 48, 2, rng, /*a_t=*/true, /*x_t=*/true);
     if (!quick) check_gemm(dt, 2, 512, 1000, 512, 1, rng);
   }
   check_multi(quick, rng);

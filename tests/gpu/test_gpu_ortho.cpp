@@ -139,6 +139,41 @@ TEST_F(Gpu, GramNsFp16WithinCpuBound) {
   EXPECT_LE(gpu, 1.5 * cpu + 1e-3);
 }
 
+// Gram NS of tall matrices in their own layout (m <= 1024: R = Tᵀ·T and T·Qᵀ read T as stored,
+// no transposed copies; ORTHOPT_GRAM_OWN_LAYOUT=0 is the transposing path): the result is
+// contiguous in G's shape, and as close to the float64 standard iteration as the transposing path
+// (same operations, other product kernels: bf16/fp16 rounding differences only). With a restart,
+// R is formed twice from the own-layout X.
+TEST_F(Gpu, GramNsInOwnLayoutMatchesTransposingPath) {
+  orthopt::OrthoOptions opt;
+  opt.method = orthopt::OrthoMethod::Gram;
+  orthopt::OrthoOptions ref_opt = opt;
+  ref_opt.method = orthopt::OrthoMethod::Standard;
+  ref_opt.compute_dtype = at::kDouble;
+  for (auto restarts : {std::vector<int>{}, std::vector<int>{2}}) {
+    opt.gram_restarts = restarts;
+    for (auto shape : {std::vector<int64_t>{3, 512, 128}, {2, 1000, 200}}) {
+      const at::Tensor G = spread(shape[0], shape[1], shape[2]).cuda();
+      (void)orthopt::orthogonalize(G, opt);  // warm-up (algorithm choice)
+      const at::Tensor own = orthopt::detail::orthogonalize_in_compute_dtype(G, opt);
+      at::Tensor transposing;
+      {
+        setenv("ORTHOPT_GRAM_OWN_LAYOUT", "0", 1);
+        transposing = orthopt::detail::orthogonalize_in_compute_dtype(G, opt);
+        unsetenv("ORTHOPT_GRAM_OWN_LAYOUT");
+      }
+      EXPECT_TRUE(own.is_contiguous());
+      EXPECT_FALSE(transposing.is_contiguous());
+      ASSERT_EQ(own.sizes(), G.sizes());
+      const at::Tensor ref = orthopt::orthogonalize(G.cpu().to(at::kDouble), ref_opt);
+      const double e_own = rel_err(own, ref), e_tr = rel_err(transposing, ref);
+      std::printf("gram own layout %s restarts %zu: rel err vs float64 %.3e, transposing path %.3e, between %.3e\n",
+                  c10::str(at::IntArrayRef(shape)).c_str(), restarts.size(), e_own, e_tr, rel_err(own, transposing));
+      EXPECT_LE(e_own, 1.5 * e_tr + 1e-3);
+    }
+  }
+}
+
 // ---- the NS input/output kernel (orthopt_scale_cast) through its ATen glue and the engine
 
 // The kernel against ATen's expression on the same GPU: bit for bit, every dtype pair, with and
