@@ -111,6 +111,14 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
                                       double mu, double grad_weight, int nesterov, const uint8_t* keep,
                                       cudaStream_t stream);
 
+/* The library's side streams, per device: index in [0, ORTHOPT_SIDE_STREAMS), created on first
+ * use (non-blocking). Products queued on a side stream use that stream's own cuBLAS handles and
+ * workspace, so they may run concurrently with products on any other stream (independent
+ * Newton–Schulz chains); every other stream shares the device's. Create them, and run a product
+ * on each, before a CUDA-graph capture (e.g. by an eager warm-up step). */
+#define ORTHOPT_SIDE_STREAMS 4
+orthopt_status orthopt_side_stream(int index, cudaStream_t* out);
+
 /* Momentum over whole rows with a statistic per row, in the same pass: tensor j has numel[j] /
  * cols rows of cols elements; M ← μ·M + w·G and out as orthopt_multi_momentum, and stats[j][r]:
  *   ORTHOPT_ROW_L1_MOMENTUM: Σ_c |M_new[r, c]| (Dion3's selection scores; out must be NULL),

@@ -98,7 +98,7 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
     beta = 0.0f;
   }
   BlasContext* ctx = nullptr;
-  ORTHOPT_STATUS_TRY(blas_context(&ctx));
+  ORTHOPT_STATUS_TRY(blas_context(stream, &ctx));
   int device = 0;
   ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
   Plan* plan = nullptr;

@@ -41,7 +41,7 @@ struct BlasContext {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
 };
-orthopt_status blas_context(BlasContext** out);
+orthopt_status blas_context(cudaStream_t stream, BlasContext** out);  // per device and stream
 
 inline cudaDataType_t cuda_type(orthopt_dtype t) { return t == ORTHOPT_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 inline bool valid_dtype(orthopt_dtype t) { return t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }

@@ -88,7 +88,7 @@ orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d, int64_t block,
                               cudaStream_t stream) {
   BlasContext* ctx = nullptr;
-  ORTHOPT_STATUS_TRY(blas_context(&ctx));
+  ORTHOPT_STATUS_TRY(blas_context(stream, &ctx));
   ORTHOPT_CUBLAS_TRY(cublasSetStream(ctx->blas, stream));
   const cudaDataType_t type = cuda_type(dtype);
   const size_t es = 2;  // bytes per element (bf16, fp16)

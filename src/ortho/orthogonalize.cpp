@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -14,6 +15,8 @@
 
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/products_cuda.h"
+#include "cuda/stream_fork.h"
+#include "orthopt/runtime.h"
 #endif
 
 namespace orthopt {
@@ -144,35 +147,93 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
   return (X / (norm * s.safety + s.eps)).to(compute).contiguous();
 }
 
+// Whether an independent chain of NS products (a standard input, or a Gram group) goes to one of
+// the kernel library's side streams, to run beside the others. `work`: the multiply-adds of one
+// X·Xᵀ over its inputs (Σ B·m²·n). Measured on an H200 (bench/results/2026-12-01-h200-own-layout.md
+// and 2026-12-01-h200-row-stats.md): GPT-2's chains (12×768² standard, 5e9; the m = 768 Gram group,
+// 6e10) gain from running side by side (their products fill the GPU for 1–2 waves, and the small
+// kernels between them leave it idle), while Llama's (≥ 7.6e11, many waves per product) were 7%
+// slower side by side. ORTHOPT_NS_STREAMS=0 keeps every chain on the caller's stream, =1 forks
+// every chain but the first (A/B timings).
+constexpr double kSideChainMaxWork = 2e11;
+
+bool on_side_stream(double work) {
+  const char* env = std::getenv("ORTHOPT_NS_STREAMS");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  if (env && std::strcmp(env, "1") == 0) return true;
+  return work <= kSideChainMaxWork;
+}
+
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
 // [B, c, r] result, or contiguous when Gram NS ran in the input's own layout). Gram batches with
-// the same m and compute dtype iterate together (gram_ns).
+// the same m and compute dtype iterate together (gram_ns). Each Gram group and each standard
+// input is an independent chain of products; on a GPU with the kernels on, small chains run on
+// parallel streams (on_side_stream; each chain's operations are those it runs alone, so the
+// results are too).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
                                               const Schedule& s, const std::vector<at::Tensor>& norms = {}) {
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
+  std::vector<size_t> standard;
+  std::vector<at::ScalarType> compute(G3s.size());
+  std::vector<bool> own_layout(G3s.size());
+  std::vector<double> work(G3s.size());
+  const c10::Device device = G3s[0].device();
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
-    TORCH_CHECK(G3.device() == G3s[0].device(), "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ",
-                G3s[0].device());
+    TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
     const bool tall = G3.size(1) > G3.size(2);
     const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
     const OrthoMethod method = resolve_method(m, n, opt);
-    const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), method);
-    const bool own_layout = tall && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute, m);
-    X[i] = normalized_input(G3, tall, compute, s, norms.empty() ? at::Tensor() : norms[i], own_layout);
+    compute[i] = resolve_compute_dtype(opt, device, method);
+    own_layout[i] = tall && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute[i], m);
+    work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(n);
     if (method == OrthoMethod::Gram)
-      gram[{m, compute}].push_back(i);
+      gram[{m, compute[i]}].push_back(i);
     else
-      X[i] = standard_ns(X[i], s, opt.steps, Precision::of(compute, G3.device()));
+      standard.push_back(i);
   }
+  auto input = [&](size_t i) {
+    return normalized_input(G3s[i], G3s[i].size(1) > G3s[i].size(2), compute[i], s,
+                            norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
+  };
+  struct Chain {
+    std::function<void()> run;
+    double work;
+  };
+  std::vector<Chain> chains;
   for (const auto& [key, idx] : gram) {
-    std::vector<at::Tensor> Xs;
-    for (size_t i : idx) Xs.push_back(X[i]);
-    Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, G3s[0].device()));
-    for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
+    double w = 0;
+    for (size_t i : idx) w += work[i];
+    chains.push_back({[&, key = key, idx = idx] {
+                        std::vector<at::Tensor> Xs;
+                        for (size_t i : idx) Xs.push_back(input(i));
+                        Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device));
+                        for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
+                      },
+                      w});
   }
+  for (size_t i : standard)
+    chains.push_back({[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device)); }, work[i]});
+#ifdef ORTHOPT_WITH_CUDA
+  if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
+    // The largest chain stays on the caller's stream; the small ones go beside it, the rest
+    // follow it there.
+    std::stable_sort(chains.begin(), chains.end(), [](const Chain& a, const Chain& b) { return a.work > b.work; });
+    std::vector<std::function<void()>> parallel{[&] {
+      chains[0].run();
+      for (size_t k = 1; k < chains.size(); ++k)
+        if (!on_side_stream(chains[k].work)) chains[k].run();
+    }};
+    for (size_t k = 1; k < chains.size(); ++k)
+      if (on_side_stream(chains[k].work)) parallel.push_back(chains[k].run);
+    std::vector<at::Tensor> inputs(G3s.begin(), G3s.end());
+    inputs.insert(inputs.end(), norms.begin(), norms.end());
+    cuda::run_on_parallel_streams(device, parallel, inputs, &X);
+  } else
+#endif
+    for (const auto& chain : chains) chain.run();
   for (size_t i = 0; i < G3s.size(); ++i)
     if (G3s[i].size(1) > G3s[i].size(2)) X[i] = X[i].transpose(1, 2);
   return X;

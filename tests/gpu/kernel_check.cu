@@ -215,9 +215,15 @@ void check_errors() {
   st = orthopt_sym_abt(ORTHOPT_BF16, 1, 8, 8, p, 64, p, 64, 1, nullptr, 0, 0, 0, p, 64, ORTHOPT_SYM_AUTO, nullptr);
   const bool ok3 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "'D'") != nullptr;
   cudaFree(p);
-  const bool ok = ok1 && ok2 && ok3;
+  // Side streams: an index out of range is refused naming it; a valid one is created once.
+  cudaStream_t s0 = nullptr, s0_again = nullptr, s1 = nullptr;
+  st = orthopt_side_stream(ORTHOPT_SIDE_STREAMS, &s0);
+  const bool ok4 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "'index'") != nullptr;
+  const bool ok5 = orthopt_side_stream(0, &s0) == ORTHOPT_OK && orthopt_side_stream(0, &s0_again) == ORTHOPT_OK &&
+                   orthopt_side_stream(1, &s1) == ORTHOPT_OK && s0 && s0 == s0_again && s1 != s0;
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5;
   if (!ok) ++g_failures;
-  std::printf("%s argument errors (%d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3);
+  std::printf("%s argument errors (%d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5);
 }
 
 // ---- multi-tensor elementwise kernels (orthopt_multi_*) against float64 references.

@@ -174,6 +174,31 @@ TEST_F(Gpu, GramNsInOwnLayoutMatchesTransposingPath) {
   }
 }
 
+// Independent NS chains (each standard input, each Gram group) on the kernel library's side
+// streams: every chain runs the same operations as on one stream, with the same product
+// algorithms (chosen per shape), so the results are bit-identical to the one-stream run
+// (ORTHOPT_NS_STREAMS=1 forks every chain but the largest, =0 none).
+TEST_F(Gpu, ChainsOnSideStreamsBitIdentical) {
+  const std::vector<std::vector<int64_t>> shapes = {{3, 128, 512}, {2, 512, 128}, {2, 128, 160}, {4, 96, 96},
+                                                    {2, 256, 1024}};
+  std::vector<at::Tensor> G3s;
+  for (const auto& sh : shapes) G3s.push_back(spread(sh[0], sh[1], sh[2]).cuda());
+  orthopt::OrthoOptions opt;  // auto: two Gram groups (m = 128, m = 256), two standard inputs
+  auto run = [&](const char* streams) {
+    setenv("ORTHOPT_NS_STREAMS", streams, 1);
+    auto res = orthopt::detail::orthogonalize_many_in_compute_dtype(G3s, opt);
+    unsetenv("ORTHOPT_NS_STREAMS");
+    return res;
+  };
+  (void)run("0");  // warm-up: product algorithms chosen, side streams not yet used
+  (void)run("1");  // warm-up of the side streams' cuBLAS handles
+  const auto one = run("0"), forked = run("1");
+  for (size_t i = 0; i < G3s.size(); ++i) {
+    EXPECT_TRUE(at::equal(one[i], forked[i])) << "input " << i;
+    EXPECT_EQ(one[i].strides(), forked[i].strides()) << "input " << i;
+  }
+}
+
 // ---- the NS input/output kernel (orthopt_scale_cast) through its ATen glue and the engine
 
 // The kernel against ATen's expression on the same GPU: bit for bit, every dtype pair, with and
