@@ -6,69 +6,45 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <memory>
+
+#include "orthopt_kernels.h"
 
 namespace orthopt::cuda {
-namespace {
-
-c10::cuda::CUDAStream side_stream(c10::Device device, int index) {
-  const c10::cuda::CUDAGuard guard(device);
-  cudaStream_t raw = nullptr;
-  const orthopt_status st = orthopt_side_stream(index, &raw);
-  TORCH_CHECK(st == ORTHOPT_OK, "orthopt_side_stream: ", orthopt_last_error());
-  return c10::cuda::getStreamFromExternal(raw, device.index());
-}
-
-}  // namespace
-
-SideBranch::SideBranch(c10::Device device, int index)
-    : device_(device), main_(c10::cuda::getCurrentCUDAStream(device.index())), side_(side_stream(device, index)) {}
-
-SideBranch::~SideBranch() {
-  try {
-    join();
-  } catch (...) {  // a failed join while unwinding: nothing better to do than to go on unwinding
-  }
-}
-
-void SideBranch::run(const std::function<void()>& fn, const std::vector<at::Tensor>& uses) {
-  const c10::cuda::CUDAGuard guard(device_);
-  at::cuda::CUDAEvent fork;
-  fork.record(main_);
-  fork.block(side_);
-  for (const at::Tensor& t : uses)
-    if (t.defined()) t.record_stream(side_);
-  pending_ = true;
-  const c10::cuda::CUDAStreamGuard on(side_);
-  fn();
-}
-
-void SideBranch::join() {
-  if (!pending_) return;
-  pending_ = false;
-  const c10::cuda::CUDAGuard guard(device_);
-  at::cuda::CUDAEvent done;
-  done.record(side_);
-  done.block(main_);
-}
 
 void run_on_parallel_streams(c10::Device device, const std::vector<std::function<void()>>& chains,
                              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* outputs) {
   if (chains.empty()) return;
+  const c10::cuda::CUDAGuard guard(device);
+  const at::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream(device.index());
   if (chains.size() == 1) return chains[0]();
-  const size_t n_side = std::min<size_t>(chains.size() - 1, kChainSideStreams);
-  std::vector<std::unique_ptr<SideBranch>> side;
-  for (size_t k = 0; k < n_side; ++k) side.push_back(std::make_unique<SideBranch>(device, static_cast<int>(k)));
-  // The side chains are queued first: each forks from the caller's stream before chains[0] is
-  // queued there, so none waits for it.
-  for (size_t k = 1; k < chains.size(); ++k) side[(k - 1) % n_side]->run(chains[k], inputs);
+  // The library's side streams (their own cuBLAS workspaces); chains beyond their count share
+  // them round-robin, one after another on each.
+  const size_t n_side = std::min<size_t>(chains.size() - 1, ORTHOPT_SIDE_STREAMS);
+  at::cuda::CUDAEvent fork;
+  fork.record(main);
+  std::vector<at::cuda::CUDAStream> side;
+  for (size_t k = 0; k < n_side; ++k) {
+    cudaStream_t raw = nullptr;
+    const orthopt_status st = orthopt_side_stream(static_cast<int>(k), &raw);
+    TORCH_CHECK(st == ORTHOPT_OK, "orthopt_side_stream: ", orthopt_last_error());
+    side.push_back(c10::cuda::getStreamFromExternal(raw, device.index()));
+    fork.block(side.back());
+    for (const at::Tensor& t : inputs)
+      if (t.defined()) t.record_stream(side.back());
+  }
   chains[0]();
-  for (auto& s : side) s->join();
-  if (outputs) {
-    const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(device.index());
+  for (size_t k = 1; k < chains.size(); ++k) {
+    const c10::cuda::CUDAStreamGuard on(side[(k - 1) % n_side]);
+    chains[k]();
+  }
+  for (const at::cuda::CUDAStream& s : side) {
+    at::cuda::CUDAEvent done;
+    done.record(s);
+    done.block(main);
+  }
+  if (outputs)
     for (const at::Tensor& t : *outputs)
       if (t.defined()) t.record_stream(main);
-  }
 }
 
 }  // namespace orthopt::cuda

@@ -29,9 +29,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
-#include <memory>
 #include <sstream>
 #include <tuple>
 #include <unordered_set>
@@ -41,7 +39,6 @@
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
 #include "cuda/products_cuda.h"
-#include "cuda/stream_fork.h"
 #include "ortho/orthogonalize_detail.h"
 #endif
 
@@ -348,13 +345,6 @@ class OptimizerImpl {
   bool skip_active = false;                   // set_skip_factor was called at least once
   int64_t state_version = 0;                  // see Optimizer::state_version()
   at::Tensor keep;                            // skip_factor != 0, valid during step()
-#ifdef ORTHOPT_WITH_CUDA
-  // During step(): the elementwise groups' work, to start beside the matrix groups (see step()).
-  struct {
-    std::unique_ptr<cuda::SideBranch> branch;
-    std::function<void()> work;
-  } beside;
-#endif
 
   explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
     c10::optional<c10::Device> device;
@@ -709,7 +699,6 @@ class OptimizerImpl {
           }
           cuda::momentum_rows(momenta, grads, {}, row_scores, b.cols, 1.0, 1.0, /*nesterov=*/false,
                               cuda::RowStat::L1OfMomentum, keep_flag());
-          start_beside();
           rows = optim_detail::dion3_top_rows(scores, o.fraction);
         } else
 #endif
@@ -923,7 +912,6 @@ class OptimizerImpl {
       stacks.push_back(stack);
       if (o.ortho.split_sizes.empty()) norms.push_back(row_sq.sum(-1).sqrt_());  // [B]
     }
-    start_beside();  // the elementwise groups overlap the NS below (see step())
 
     const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
@@ -997,93 +985,23 @@ class OptimizerImpl {
   }
 #endif  // ORTHOPT_WITH_CUDA
 
-  void step_group(size_t g, const at::Tensor& lr) {
-    switch (groups[g].options.algorithm) {
-      case Algorithm::Muon:
-      case Algorithm::NorMuon: step_muon(g, lr); break;
-      case Algorithm::Dion3: step_dion3(g, lr); break;
-      case Algorithm::Dion: step_dion(g, lr); break;
-      case Algorithm::AdamW: step_adamw(g, lr); break;
-      case Algorithm::Lion: step_lion(g, lr); break;
-    }
-  }
-
-#ifdef ORTHOPT_WITH_CUDA
-  // Elementwise groups (AdamW, Lion) beside the matrix groups, on a side stream: they touch other
-  // tensors, and their bandwidth-bound kernels fill what the orthogonalization's compute-bound
-  // products leave idle. Taken on CUDA with the kernels on when both kinds of group have
-  // gradients, all on one device. ORTHOPT_GROUP_STREAMS=0 runs the groups in order on one stream
-  // (A/B timings). Each group's operations are the same either way, so are the results.
-  std::vector<size_t> groups_beside() {
-    const char* env = std::getenv("ORTHOPT_GROUP_STREAMS");
-    if ((env && std::strcmp(env, "0") == 0) || !gpu_kernels_enabled()) return {};
-    std::vector<size_t> elementwise;
-    bool matrix = false;
-    c10::optional<c10::Device> device;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const auto idx = active(g);
-      for (size_t i : idx) {
-        const c10::Device d = groups[g].params[i].device();
-        if (!d.is_cuda() || (device && *device != d)) return {};
-        device = d;
-      }
-      if (idx.empty()) continue;
-      if (is_matrix_algorithm(groups[g].options.algorithm))
-        matrix = true;
-      else
-        elementwise.push_back(g);
-    }
-    return matrix ? elementwise : std::vector<size_t>{};
-  }
-
-  // Queues the elementwise groups' work on the side stream, once per step: called by the first
-  // matrix group as soon as its momentum pass is queued (so the groups overlap the NS products,
-  // not that pass, which is as bandwidth-bound as they are), else after the matrix groups.
-  void start_beside() {
-    if (!beside.work) return;
-    const std::function<void()> work = std::move(beside.work);
-    beside.work = nullptr;
-    beside.branch->run(work);
-  }
-#else
-  void start_beside() {}
-#endif
-
   void step() {
     at::NoGradGuard no_grad;
     q_cache.q.reset();
     if (skip_active) keep = skip_factor != 0;
     // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
     const at::Tensor scale = lr_scale.to(at::kDouble);
-    std::vector<at::Tensor> lrs;
-    for (const auto& grp : groups) lrs.push_back(scale * grp.options.lr);
-    std::vector<bool> runs_beside(groups.size(), false);
-#ifdef ORTHOPT_WITH_CUDA
-    // The side stream's work only uses tensors that outlive the step or are kept until the join
-    // below (lrs, keep), so nothing needs recording on it for the caching allocator.
-    const std::vector<size_t> elementwise = groups_beside();
-    if (!elementwise.empty()) {
-      for (size_t g : elementwise) runs_beside[g] = true;
-      beside.branch = std::make_unique<cuda::SideBranch>(groups[elementwise[0]].params[0].device(),
-                                                         cuda::kGroupSideStream);
-      beside.work = [this, elementwise, &lrs] {
-        for (size_t g : elementwise) step_group(g, lrs[g]);
-      };
-    }
-    struct Join {  // also when a group throws: the side branch is joined and dropped
-      OptimizerImpl* self;
-      ~Join() {
-        self->beside.work = nullptr;
-        self->beside.branch.reset();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const at::Tensor lr = scale * groups[g].options.lr;
+      switch (groups[g].options.algorithm) {
+        case Algorithm::Muon:
+        case Algorithm::NorMuon: step_muon(g, lr); break;
+        case Algorithm::Dion3: step_dion3(g, lr); break;
+        case Algorithm::Dion: step_dion(g, lr); break;
+        case Algorithm::AdamW: step_adamw(g, lr); break;
+        case Algorithm::Lion: step_lion(g, lr); break;
       }
-    } join{this};
-#endif
-    for (size_t g = 0; g < groups.size(); ++g)
-      if (!runs_beside[g]) step_group(g, lrs[g]);
-    start_beside();  // when no matrix group started it (e.g. all on the reference path)
-#ifdef ORTHOPT_WITH_CUDA
-    if (beside.branch) beside.branch->join();
-#endif
+    }
     if (skip_active)
       steps.add_(keep.to(at::kLong));
     else

@@ -155,30 +155,6 @@ void run_gate(bool scheduled_lr) {
 
 TEST_F(GpuGraph, ReplayBitIdenticalToEagerConstantLr) { run_gate(false); }
 
-// The elementwise groups (AdamW, Lion) run on a side stream beside the matrix groups; with
-// ORTHOPT_GROUP_STREAMS=0 every group runs in order on one stream. Same operations per group:
-// bit-identical parameters and state after every step, with a scheduled lr and a skipped step.
-TEST_F(GpuGraph, ElementwiseGroupsBesideMatrixGroupsBitIdentical) {
-  Optimizer beside(make_groups(mixed_specs(), 21));
-  Optimizer in_order(make_groups(mixed_specs(), 21));
-  for (int t = 0; t < 6; ++t) {
-    const double scale = 1.0 - 0.1 * t;
-    beside.set_lr_scale(scale);
-    in_order.set_lr_scale(scale);
-    const at::Tensor factor = at::full({}, t == 3 ? 0.0 : 1.0, at::TensorOptions().device(at::kCUDA));
-    beside.set_skip_factor(factor);  // copied in place
-    in_order.set_skip_factor(factor);
-    fill_grads({&beside, &in_order}, t);
-    const auto before = snapshot_params(beside);
-    beside.step();
-    setenv("ORTHOPT_GROUP_STREAMS", "0", 1);
-    in_order.step();
-    unsetenv("ORTHOPT_GROUP_STREAMS");
-    EXPECT_EQ(params_equal(beside, before), t == 3) << "step " << t;
-    ASSERT_EQ(first_mismatch(beside, in_order), "") << "step " << t;
-  }
-}
-
 TEST_F(GpuGraph, ReplayBitIdenticalToEagerScheduledLr) { run_gate(true); }
 
 // The skip factor is a device tensor: a skipped replay leaves everything bit-identical and
