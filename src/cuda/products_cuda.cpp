@@ -24,6 +24,15 @@ void check_operand(const at::Tensor& t, const at::Tensor& like, const char* what
   TORCH_CHECK(t.dim() == 3, "argument '", what, "': expected a batch [B, rows, cols], got shape ", t.sizes());
 }
 
+// The product's result: `out` checked (shape, dtype, device, contiguous), or a new tensor.
+at::Tensor output(const at::Tensor& out, const at::Tensor& like, at::IntArrayRef sizes) {
+  if (!out.defined()) return at::empty(sizes, like.options());
+  check_operand(out, like, "out");
+  TORCH_CHECK(out.sizes() == sizes, "argument 'out': expected shape ", sizes, ", got ", out.sizes());
+  TORCH_CHECK(out.is_contiguous(), "argument 'out': expected a contiguous tensor");
+  return out;
+}
+
 void check_status(orthopt_status st, const char* fn) {
   TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
 }
@@ -52,7 +61,7 @@ bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype) {
 }
 
 at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha, const at::Tensor& C_in, double beta,
-                   double diag) {
+                   double diag, const at::Tensor& out) {
   check_operand(A_in, A_in, "A");
   check_operand(B_in, A_in, "B");
   TORCH_CHECK(B_in.sizes() == A_in.sizes(), "argument 'B': expected the shape of A ", A_in.sizes(), ", got ",
@@ -67,7 +76,7 @@ at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha,
     C = C_in.contiguous();
   }
   const c10::cuda::CUDAGuard guard(A.device());
-  at::Tensor D = at::empty({batch, m, m}, A.options());
+  const at::Tensor D = output(out, A, {batch, m, m});
   check_status(orthopt_sym_abt(kernel_dtype(A), batch, m, k, A.data_ptr(), m * k, B.data_ptr(), m * k,
                                static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * m,
                                static_cast<float>(beta), static_cast<float>(diag), D.data_ptr(), m * m,
@@ -76,7 +85,8 @@ at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha,
   return D;
 }
 
-at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, const at::Tensor& C_in, double beta) {
+at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, const at::Tensor& C_in, double beta,
+                const at::Tensor& out) {
   check_operand(A_in, A_in, "A");
   check_operand(X_in, A_in, "X");
   const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2), n = X_in.size(2);
@@ -93,7 +103,7 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
     C = C_in.contiguous();
   }
   const c10::cuda::CUDAGuard guard(A.device());
-  at::Tensor D = at::empty({batch, m, n}, A.options());
+  const at::Tensor D = output(out, A, {batch, m, n});
   check_status(orthopt_gemm(kernel_dtype(A), batch, m, n, k, A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n,
                             x_t ? 1 : 0, static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
                             static_cast<float>(beta), D.data_ptr(), m * n, at::cuda::getCurrentCUDAStream().stream()),

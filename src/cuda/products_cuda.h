@@ -20,13 +20,16 @@ bool is_transposed_view(const at::Tensor& t);
 // alpha·A·Bᵀ + beta·C + diag·I for A, B [batch, m, k], C [batch, m, m] (undefined: none).
 // The caller promises A·Bᵀ is symmetric (B == A, or commuting symmetric A, B with k == m);
 // only the lower triangle is computed and the result is exactly symmetric.
+// out: where to write D ([batch, m, m], contiguous, A's dtype and device; undefined: allocated).
 at::Tensor sym_abt(const at::Tensor& A, const at::Tensor& B, double alpha, const at::Tensor& C, double beta,
-                   double diag);
+                   double diag, const at::Tensor& out = at::Tensor());
 
 // alpha·A·X + beta·C for A [batch, m, k], X [batch, k, n], C [batch, m, n] (undefined: none);
 // D is contiguous. A or X may be the transpose of a contiguous tensor (is_transposed_view): it is
 // read as stored, without a copy; any other layout is made contiguous first.
-at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at::Tensor& C, double beta);
+// out: where to write D ([batch, m, n], contiguous, A's dtype and device; undefined: allocated).
+at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at::Tensor& C, double beta,
+                const at::Tensor& out = at::Tensor());
 
 // Whether scale_cast takes this input and output dtype: a CUDA tensor in fp32, bf16 or fp16, an
 // output dtype among those, and routing not switched off by ORTHOPT_GPU_KERNELS=0 (read at each

@@ -45,10 +45,17 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
 std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, int steps,
                                 const std::vector<int>& restarts, const Precision& p) {
   auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
-  auto gram = [&] {  // R of every batch, stacked
-    std::vector<at::Tensor> Rs;
-    for (const auto& X : Xs) Rs.push_back(detail::gram_product(X, p));
-    return Rs.size() == 1 ? Rs[0] : at::cat(Rs, 0);
+  auto gram = [&] {  // R of every batch, stacked: each written into its slice of one buffer
+    if (Xs.size() == 1) return detail::gram_product(Xs[0], p);
+    int64_t total = 0;
+    for (const auto& X : Xs) total += X.size(0);
+    const at::Tensor R = at::empty({total, Xs[0].size(1), Xs[0].size(1)}, Xs[0].options());
+    int64_t offset = 0;
+    for (const auto& X : Xs) {
+      detail::gram_product(X, p, R.narrow(0, offset, X.size(0)));
+      offset += X.size(0);
+    }
+    return R;
   };
   auto apply = [&](const at::Tensor& Q) {  // X_i ← Q_i·X_i
     int64_t offset = 0;
@@ -69,16 +76,17 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
     }
     const auto& [a, b, c] = s.at_step(t);
     auto Z = detail::sym_addmm(R, R, R, b, c, p);  // b·R + c·R·R
-    if (fresh) {
-      Q = detail::plus_identity(Z, a, p);          // Z + a·I
-      fresh = false;
-    } else {
-      Q = detail::sym_addmm(Q, Q, Z, a, 1.0, p);   // Q·Z + a·Q
-    }
+    if (!fresh) Q = detail::sym_addmm(Q, Q, Z, a, 1.0, p);  // Q·Z + a·Q
     // R is not needed after the last step or right before a restart recomputes it.
-    if (t + 1 == steps || is_restart(t + 1)) continue;
-    auto RZ = detail::sym_addmm(R, R, Z, a, 1.0, p);   // R·Z + a·R
-    R = detail::sym_addmm(RZ, Z, RZ, a, 1.0, p);       // Z·RZ + a·RZ
+    if (t + 1 < steps && !is_restart(t + 1)) {
+      auto RZ = detail::sym_addmm(R, R, Z, a, 1.0, p);  // R·Z + a·R
+      R = detail::sym_addmm(RZ, Z, RZ, a, 1.0, p);      // Z·RZ + a·RZ
+    }
+    if (fresh) {  // Q = Z + a·I, in place: Z's last use is above (no copy of Z)
+      detail::add_identity_(Z, a, p);
+      Q = Z;
+      fresh = false;
+    }
   }
   apply(Q);
   return Xs;
@@ -155,6 +163,7 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 // kernels between them leave it idle), while Llama's (≥ 7.6e11, many waves per product) were 7%
 // slower side by side. ORTHOPT_NS_STREAMS=0 keeps every chain on the caller's stream, =1 forks
 // every chain but the first (A/B timings).
+#ifdef ORTHOPT_WITH_CUDA
 constexpr double kSideChainMaxWork = 2e11;
 
 bool on_side_stream(double work) {
@@ -163,6 +172,7 @@ bool on_side_stream(double work) {
   if (env && std::strcmp(env, "1") == 0) return true;
   return work <= kSideChainMaxWork;
 }
+#endif
 
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
@@ -188,7 +198,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     const OrthoMethod method = resolve_method(m, n, opt);
     compute[i] = resolve_compute_dtype(opt, device, method);
     own_layout[i] = tall && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute[i], m);
-    work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(n);
+    work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) *
+              static_cast<double>(n);
     if (method == OrthoMethod::Gram)
       gram[{m, compute[i]}].push_back(i);
     else
@@ -215,7 +226,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
                       w});
   }
   for (size_t i : standard)
-    chains.push_back({[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device)); }, work[i]});
+    chains.push_back(
+        {[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device)); }, work[i]});
 #ifdef ORTHOPT_WITH_CUDA
   if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
     // The largest chain stays on the caller's stream; the small ones go beside it, the rest

@@ -18,27 +18,23 @@ at::Tensor narrow(const at::Tensor& t, const Precision& p) { return p.emulate ? 
 // CUDA bf16/fp16 operands go to the kernel library (symmetric products computed over the
 // lower triangle only, rectangular ones through cuBLASLt); everything else, and the reference
 // for the GPU tests (ORTHOPT_GPU_KERNELS=0), is the ATen path below.
-bool use_kernels(const at::Tensor& t) {
 #ifdef ORTHOPT_WITH_CUDA
-  return cuda::handles(t);
-#else
-  (void)t;
-  return false;
+bool use_kernels(const at::Tensor& t) { return cuda::handles(t); }
 #endif
-}
 }  // namespace
 
-at::Tensor gram_product(const at::Tensor& X, const Precision& p) {
+at::Tensor gram_product(const at::Tensor& X, const Precision& p, const at::Tensor& out) {
 #ifdef ORTHOPT_WITH_CUDA
   if (use_kernels(X)) {
     // X kept in a tall matrix's layout (X = Tᵀ, T contiguous): R = Tᵀ·T, one dense product
     // reading both operands as stored (the symmetric kernels take row-major operands only).
-    if (cuda::is_transposed_view(X)) return cuda::gemm(X, X.transpose(1, 2), 1.0, at::Tensor(), 0.0);
-    return cuda::sym_abt(X, X, 1.0, at::Tensor(), 0.0, 0.0);
+    if (cuda::is_transposed_view(X)) return cuda::gemm(X, X.transpose(1, 2), 1.0, at::Tensor(), 0.0, out);
+    return cuda::sym_abt(X, X, 1.0, at::Tensor(), 0.0, 0.0, out);
   }
 #endif
   auto x = wide(X, p);
-  return narrow(at::bmm(x, x.transpose(-2, -1)), p);
+  const at::Tensor R = narrow(at::bmm(x, x.transpose(-2, -1)), p);
+  return out.defined() ? out.copy_(R) : R;
 }
 
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
@@ -70,10 +66,14 @@ at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p) {
   return narrow(at::bmm(wide(A, p), wide(X, p)), p);
 }
 
-at::Tensor plus_identity(const at::Tensor& Z, double a, const Precision& p) {
-  auto out = wide(Z, p).clone();
-  out.diagonal(0, -2, -1).add_(a);
-  return narrow(out, p);
+void add_identity_(const at::Tensor& Z, double a, const Precision& p) {
+  if (!p.emulate) {
+    Z.diagonal(0, -2, -1).add_(a);
+    return;
+  }
+  auto z = wide(Z, p);
+  z.diagonal(0, -2, -1).add_(a);
+  Z.copy_(narrow(z, p));
 }
 
 }  // namespace orthopt::detail

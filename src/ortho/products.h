@@ -20,8 +20,9 @@ struct Precision {
 // X may be the transposed view of a contiguous tensor (a tall matrix kept in its own layout):
 // gram_product and mm then read it as stored, and mm's result has the same layout.
 
-// X·Xᵀ (symmetric result).
-at::Tensor gram_product(const at::Tensor& X, const Precision& p);
+// X·Xᵀ (symmetric result); written into `out` ([B, m, m], contiguous, X's dtype) when given,
+// e.g. a slice of one buffer holding the products of several batches.
+at::Tensor gram_product(const at::Tensor& X, const Precision& p, const at::Tensor& out = at::Tensor());
 // beta·C + alpha·A·B where A, B are commuting symmetric matrices (symmetric result).
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
                      double alpha, const Precision& p);
@@ -30,7 +31,7 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
                  double alpha, const Precision& p);
 // A·X for a general X.
 at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p);
-// Z + a·I (per batch entry).
-at::Tensor plus_identity(const at::Tensor& Z, double a, const Precision& p);
+// Z ← Z + a·I (per batch entry), in place.
+void add_identity_(const at::Tensor& Z, double a, const Precision& p);
 
 }  // namespace orthopt::detail

@@ -228,10 +228,13 @@ void check_errors() {
 
 // ---- multi-tensor elementwise kernels (orthopt_multi_*) against float64 references.
 // Each list of tensors lives in one allocation, tensors back to back with kGap elements between
-// them (odd offsets: the kernels may not assume alignment); the gaps must come back unchanged.
+// them (odd offsets: the kernels may not assume alignment, and take their element-by-element
+// path); the gaps must come back unchanged. With g_aligned_lists every tensor starts at a
+// multiple of 8 elements instead (16 bytes or more: the vector path of the flat kernels).
 // Outputs that are separate buffers are poisoned with NaN (0xFF bytes) before the call.
 
 constexpr int64_t kGap = 3;
+bool g_aligned_lists = false;
 constexpr double kU32 = 1.0 / 16777216.0;  // 2^-24: fp32 rounding, relative
 
 // Rounding of a result stored in dt, relative: one unit in the last place, twice the bound of
@@ -270,10 +273,11 @@ struct List {
   std::vector<unsigned char> bytes;  // host mirror of the device bytes
   unsigned char* dev = nullptr;
   List(orthopt_dtype dt_, const std::vector<int64_t>& numel_) : dt(dt_), numel(numel_) {
-    int64_t at = kGap;
+    auto place = [](int64_t at) { return g_aligned_lists ? (at + 7) / 8 * 8 : at; };
+    int64_t at = place(kGap);
     for (int64_t n : numel) {
       offset.push_back(at);
-      at += n + kGap;
+      at = place(at + n + kGap);
     }
     total = at;
     bytes.assign(total * esize(dt), 0);
@@ -371,8 +375,9 @@ bool call_failed(orthopt_status st, const char* what) {
 void report(bool ok, const char* kernel, const std::string& config, const std::vector<int64_t>& numel, double worst,
             bool gaps) {
   if (!ok) ++g_failures;
-  std::printf("%s multi %-8s %-44s tensors=%-3zu elements=%-8lld worst err/tol=%.2f%s\n", ok ? "ok  " : "FAIL", kernel,
-              config.c_str(), numel.size(), (long long)sum(numel), worst, gaps ? "" : " GAPS-OVERWRITTEN");
+  std::printf("%s multi %-8s %-44s tensors=%-3zu elements=%-8lld %s worst err/tol=%.2f%s\n", ok ? "ok  " : "FAIL",
+              kernel, config.c_str(), numel.size(), (long long)sum(numel), g_aligned_lists ? "aligned" : "odd    ",
+              worst, gaps ? "" : " GAPS-OVERWRITTEN");
 }
 
 std::string dts(std::initializer_list<std::pair<const char*, orthopt_dtype>> l) {
@@ -855,35 +860,39 @@ void check_multi(bool quick, std::mt19937& rng) {
   std::vector<std::vector<int64_t>> sets = {sizes_basic(), sizes_many(quick ? 150 : 300)};
   if (!quick) sets.push_back(sizes_large());
   constexpr orthopt_dtype F32 = ORTHOPT_FP32, B16 = ORTHOPT_BF16, F16 = ORTHOPT_FP16;
-  for (const auto& sz : sets) {
-    check_momentum(sz, F32, F32, F32, true, false, 0, rng);
-    check_momentum(sz, F32, B16, B16, false, true, 1, rng);
-    check_momentum(sz, B16, B16, F16, true, true, 0, rng);
-    check_momentum(sz, F16, F16, F32, false, false, 1, rng);
-    check_update(sz, F32, F32, false, F32, false, 0.1, 0, rng);
-    check_update(sz, F32, B16, true, B16, true, 0.1, 1, rng);
-    check_update(sz, B16, F16, false, F32, false, 0.0, 0, rng);
-    check_update(sz, F32, F32, true, F16, true, 0.05, 0, rng);
-    check_momentum(sz, F32, B16, F32, false, false, 1, rng, /*no_out=*/true);  // Dion3's M ← M + G
-    check_adamw(sz, F32, F32, F32, false, F32, false, 0.01, 0, rng);
-    check_adamw(sz, B16, F32, F32, true, B16, true, 0.1, 1, rng);
-    check_adamw(sz, B16, B16, B16, false, F32, false, 0.0, 0, rng);
-    check_lion(sz, F32, F32, F32, false, F32, true, 0.1, 0, rng);
-    check_lion(sz, B16, F32, F32, true, B16, false, 0.1, 1, rng);
-    check_lion(sz, F16, F16, F16, false, F32, false, 0.0, 0, rng);
+  for (bool aligned : {false, true}) {  // element-by-element path, vector path
+    g_aligned_lists = aligned;
+    for (const auto& sz : sets) {
+      check_momentum(sz, F32, F32, F32, true, false, 0, rng);
+      check_momentum(sz, F32, B16, B16, false, true, 1, rng);
+      check_momentum(sz, B16, B16, F16, true, true, 0, rng);
+      check_momentum(sz, F16, F16, F32, false, false, 1, rng);
+      check_update(sz, F32, F32, false, F32, false, 0.1, 0, rng);
+      check_update(sz, F32, B16, true, B16, true, 0.1, 1, rng);
+      check_update(sz, B16, F16, false, F32, false, 0.0, 0, rng);
+      check_update(sz, F32, F32, true, F16, true, 0.05, 0, rng);
+      check_momentum(sz, F32, B16, F32, false, false, 1, rng, /*no_out=*/true);  // Dion3's M ← M + G
+      check_adamw(sz, F32, F32, F32, false, F32, false, 0.01, 0, rng);
+      check_adamw(sz, B16, F32, F32, true, B16, true, 0.1, 1, rng);
+      check_adamw(sz, B16, B16, B16, false, F32, false, 0.0, 0, rng);
+      check_lion(sz, F32, F32, F32, false, F32, true, 0.1, 0, rng);
+      check_lion(sz, B16, F32, F32, true, B16, false, 0.1, 1, rng);
+      check_lion(sz, F16, F16, F16, false, F32, false, 0.0, 0, rng);
+    }
+    for (const auto& sz : {sizes_basic(), sizes_many(150)}) {  // skip: nothing written, NaN gradients too
+      check_momentum(sz, F32, F32, B16, true, false, 2, rng);
+      check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng);
+      check_adamw(sz, F32, F32, F32, true, B16, true, 0.1, 2, rng);
+      check_lion(sz, F32, F32, F32, true, B16, false, 0.1, 2, rng);
+    }
+    for (int64_t cols : {1, 7, 768, 2051}) {  // Dion3's row-selected direction
+      check_update_selected(cols, F32, F32, false, F32, false, 0, rng);
+      check_update_selected(cols, F32, F32, true, B16, true, 1, rng);
+      check_update_selected(cols, B16, F16, false, F32, true, 0, rng);
+    }
+    check_update_selected(768, F32, F32, true, B16, true, 2, rng);  // skip: nothing written
   }
-  for (const auto& sz : {sizes_basic(), sizes_many(150)}) {  // skip: nothing written, NaN gradients too
-    check_momentum(sz, F32, F32, B16, true, false, 2, rng);
-    check_update(sz, F32, F32, true, B16, true, 0.1, 2, rng);
-    check_adamw(sz, F32, F32, F32, true, B16, true, 0.1, 2, rng);
-    check_lion(sz, F32, F32, F32, true, B16, false, 0.1, 2, rng);
-  }
-  for (int64_t cols : {1, 7, 768, 2051}) {  // Dion3's row-selected direction
-    check_update_selected(cols, F32, F32, false, F32, false, 0, rng);
-    check_update_selected(cols, F32, F32, true, B16, true, 1, rng);
-    check_update_selected(cols, B16, F16, false, F32, true, 0, rng);
-  }
-  check_update_selected(768, F32, F32, true, B16, true, 2, rng);  // skip: nothing written
+  g_aligned_lists = false;
   constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;
   for (int64_t cols : {1, 7, 768, 2051}) {  // momentum with per-row statistics (Dion3's scores, NS input norms)
     const std::vector<int64_t> R = {5, 1, 64, 300, 17, 9};

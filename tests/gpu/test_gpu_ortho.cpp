@@ -99,6 +99,22 @@ TEST_F(Gpu, BadOperandsNameTheArgument) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("argument 'B'"), std::string::npos) << e.what();
   }
+  // A given output must have the result's shape and be contiguous; a valid one is written.
+  const at::Tensor wrong = at::empty({1, 64, 32}, A.options());
+  const at::Tensor strided = at::empty({1, 64, 128}, A.options()).narrow(2, 0, 64);
+  for (const at::Tensor& out : {wrong, strided}) {
+    try {
+      orthopt::cuda::gemm(A, A, 1.0, at::Tensor(), 0.0, out);
+      FAIL() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("argument 'out'"), std::string::npos) << e.what();
+    }
+  }
+  const at::Tensor out = at::full({2, 64, 64}, NAN, A.options());
+  const at::Tensor D = orthopt::cuda::sym_abt(A, A, 1.0, at::Tensor(), 0.0, 0.0, out.narrow(0, 1, 1));
+  EXPECT_EQ(D.data_ptr(), out[1].data_ptr());
+  EXPECT_TRUE(at::equal(out[1], orthopt::cuda::sym_abt(A, A, 1.0, at::Tensor(), 0.0, 0.0)[0]));
+  EXPECT_TRUE(at::isnan(out[0]).all().item<bool>());  // the rest of the buffer untouched
 }
 
 // Standard NS in bf16 on the GPU: within bf16 noise of the same iteration in float64. The noise
