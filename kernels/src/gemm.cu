@@ -1,8 +1,9 @@
 // Rectangular products D = α·A·X + β·C through cuBLASLt (fp32 accumulation, β·C in its epilogue).
 // Row-major operands are handed to the column-major library as their transposes:
-// Dᵀ = Xᵀ·Aᵀ, so no data moves; an operand stored transposed is read with op T. cuBLASLt's first heuristic choice was measured 17% slower than
-// the legacy cuBLAS call at 8192³ (bench/results/2026-11-29-h100-sym-products.md), so the first
-// call of each shape times the top candidates once on its own operands and keeps the fastest.
+// Dᵀ = Xᵀ·Aᵀ, so no data moves; an operand stored transposed is read with op T. cuBLASLt's first
+// heuristic choice was measured 17% slower than the legacy cuBLAS call at 8192³
+// (bench/results/2026-11-29-h100-sym-products.md), so the first call of each shape times the top
+// candidates once on its own operands and keeps the fastest.
 #include <map>
 #include <tuple>
 #include <vector>
@@ -36,6 +37,18 @@ orthopt_status make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, int
   return ORTHOPT_OK;
 }
 
+// The layout of an operand the product needs as a rows×cols column-major matrix: a row-major
+// [cols, rows] array is that matrix as stored; a row-major [rows, cols] array (an operand stored
+// transposed) is its transpose, read with op T (attribute `trans`).
+orthopt_status operand_layout(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t trans,
+                              cublasLtMatrixLayout_t* out, cudaDataType_t type, int64_t rows, int64_t cols,
+                              bool transposed, int64_t batch, int64_t stride) {
+  if (!transposed) return make_layout(out, type, rows, cols, rows, batch, stride);
+  const cublasOperation_t t = CUBLAS_OP_T;
+  ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, trans, &t, sizeof(t)));
+  return make_layout(out, type, cols, rows, cols, batch, stride);
+}
+
 orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   thread_local std::map<PlanKey, Plan> plans;  // descriptors are small; shapes per run are few
   auto it = plans.find(key);
@@ -47,22 +60,9 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   const cudaDataType_t type = cuda_type(static_cast<orthopt_dtype>(dt));
   Plan p;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  if (x_transposed) {
-    // X [n, k] row-major is k×n col-major; the product needs Xᵀ's transpose, n×k: op T.
-    const cublasOperation_t t = CUBLAS_OP_T;
-    ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    ORTHOPT_STATUS_TRY(make_layout(&p.x, type, k, n, k, batch, sx));
-  } else {
-    ORTHOPT_STATUS_TRY(make_layout(&p.x, type, n, k, n, batch, sx));  // Xᵀ: n×k col-major
-  }
-  if (a_transposed) {
-    // A stored [k, m] row-major is m×k col-major; the product needs Aᵀ, k×m: op T.
-    const cublasOperation_t t = CUBLAS_OP_T;
-    ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof(t)));
-    ORTHOPT_STATUS_TRY(make_layout(&p.a, type, m, k, m, batch, sa));
-  } else {
-    ORTHOPT_STATUS_TRY(make_layout(&p.a, type, k, m, k, batch, sa));  // Aᵀ: k×m col-major
-  }
+  // cuBLASLt computes Dᵀ (n×m) = Xᵀ (n×k) · Aᵀ (k×m), its operands A and B being our Xᵀ and Aᵀ.
+  ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &p.x, type, n, k, x_transposed, batch, sx));
+  ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &p.a, type, k, m, a_transposed, batch, sa));
   ORTHOPT_STATUS_TRY(make_layout(&p.c, type, n, m, n, batch, sc));
   ORTHOPT_STATUS_TRY(make_layout(&p.d, type, n, m, n, batch, sd));
   cublasLtMatmulPreference_t pref;

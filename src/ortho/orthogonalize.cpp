@@ -94,8 +94,9 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
 
 // Whether Gram NS of a tall batch [B, n, m] (n > m) runs in the batch's own layout: X = Tᵀ as a
 // view of the contiguous T, R = Tᵀ·T and the result T·Qᵀ read T as stored (products.cpp), so
-// neither the NS input nor its result is transposed in memory (two passes over the batch, ≈ 10
-// bytes per element). The price: R becomes a dense product instead of the symmetric kernel's
+// neither the NS input nor its result is transposed in memory: the result needs no copy (a
+// pass of 4 bytes per element) and the input's scaled cast is a plain vectorized pass instead of
+// a tiled transpose. The price: R becomes a dense product instead of the symmetric kernel's
 // lower triangle, m/2 more multiply-adds per element each time R is formed, so it pays for small
 // m only. Measured on an H200 (bench/results/2026-12-01-h200-own-layout.md): GPT-2's
 // 2304×768 and 3072×768 banks (m = 768) gain; at Llama's m = 2048 the estimate is a loss.
