@@ -245,12 +245,9 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constan
 constexpr int kRowsPerBlock = kThreads / 32;
 
 struct MomentumRowsArgs {
-  float mu, grad_weight;
-  int nesterov;
+  MomentumArgs momentum;  // as for momentum_kernel
   int64_t cols;
   orthopt_row_stat stat;
-  orthopt_dtype momentum_dtype, grad_dtype, out_dtype;
-  const uint8_t* keep;
 };
 
 // roles: 0 momentum (read, written), 1 gradient, 2 output (written; NULL: none), 3 statistics
@@ -258,7 +255,8 @@ struct MomentumRowsArgs {
 // the L1 norms of the unchanged M, or 0 for the output's sum of squares (no output written).
 __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_constant__ Table<4> t,
                                                                  const MomentumRowsArgs a) {
-  const bool skip = skipped(a.keep);
+  const MomentumArgs& p = a.momentum;
+  const bool skip = skipped(p.keep);
   int64_t begin, end;
   const int i = block_tensor(t, &begin, &end, kRowsPerBlock * a.cols);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -275,8 +273,8 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t c = c0 + r * 32;
-      m[r] = c < a.cols && (!skip || l1) ? load(M, row_start + c, a.momentum_dtype) : 0.0f;
-      g[r] = c < a.cols && !skip ? load(G, row_start + c, a.grad_dtype) : 0.0f;
+      m[r] = c < a.cols && (!skip || l1) ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
+      g[r] = c < a.cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
@@ -288,13 +286,13 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
       }
       const int64_t e = row_start + c;
       float wg;
-      const float m_new = momentum_new(m[r], g[r], a.mu, a.grad_weight, &wg);
-      store(M, e, a.momentum_dtype, m_new);
+      const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
+      store(M, e, p.momentum_dtype, m_new);
       if (l1) {
-        sum = __fadd_rn(sum, fabsf(rounded(m_new, a.momentum_dtype)));  // the stored value
+        sum = __fadd_rn(sum, fabsf(rounded(m_new, p.momentum_dtype)));  // the stored value
       } else {
-        const float o = rounded(momentum_input(wg, m_new, a.mu, a.nesterov), a.out_dtype);
-        if (out) store(out, e, a.out_dtype, o);
+        const float o = rounded(momentum_input(wg, m_new, p.mu, p.nesterov), p.out_dtype);
+        if (out) store(out, e, p.out_dtype, o);
         sum = __fadd_rn(sum, __fmul_rn(o, o));
       }
     }
@@ -302,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
-  if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, a.momentum_dtype) : sum;
+  if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, p.momentum_dtype) : sum;
 }
 
 struct UpdateArgs {
@@ -549,6 +547,13 @@ orthopt_status for_each_table(int64_t count, const int64_t* numel, const std::ar
   return ORTHOPT_OK;
 }
 
+// Hyperparameters rounded to fp32 once, as ATen rounds a Scalar.
+MomentumArgs momentum_args(double mu, double grad_weight, int nesterov, orthopt_dtype momentum_dtype,
+                           orthopt_dtype grad_dtype, orthopt_dtype out_dtype, const uint8_t* keep) {
+  return {static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0, momentum_dtype, grad_dtype,
+          out_dtype, keep};
+}
+
 bool valid_elementwise_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
 
 orthopt_status check_sizes(const char* fn, int64_t count, const int64_t* numel) {
@@ -595,8 +600,7 @@ extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* n
   ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
   if (out) ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
   else out_dtype = ORTHOPT_FP32;  // never written
-  const MomentumArgs args{static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0,
-                          momentum_dtype, grad_dtype, out_dtype, keep};
+  const MomentumArgs args = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
   return for_each_table<3>(count, numel, {momentum, grad, out}, nullptr,
                            [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
                              momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
@@ -630,8 +634,8 @@ extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64
   else out_dtype = ORTHOPT_FP32;  // the statistic of an output that is not stored: fp32 values
   ORTHOPT_STATUS_TRY(check_list(fn, "stats", count, numel, reinterpret_cast<const void* const*>(stats),
                                 ORTHOPT_FP32));
-  const MomentumRowsArgs args{static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0, cols, stat,
-                              momentum_dtype, grad_dtype, out_dtype, keep};
+  const MomentumRowsArgs args{momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep),
+                              cols, stat};
   return for_each_table<4>(
       count, numel, {momentum, grad, out, reinterpret_cast<const void* const*>(stats)}, nullptr,
       [&](const Table<4>& t, int64_t blocks) -> orthopt_status {

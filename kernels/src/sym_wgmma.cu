@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "sym_tiles.h"
 
@@ -620,20 +621,19 @@ orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, in
   if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
   else map_c = map_a;  // unused
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
-  auto run = [&](auto kernel, size_t smem, int sm_count) {
+  // One grid of min(tiles, SMs) persistent CTAs of the kernel instance for this C path.
+  auto run = [&](auto c_tma) -> orthopt_status {
+    constexpr bool kCByTma = decltype(c_tma)::value;
+    constexpr auto kernel = sym_wgmma_pingpong_kernel<T, kCByTma>;
+    int sm_count = 0;
+    ORTHOPT_STATUS_TRY(configure_once<kernel>(pp_smem_bytes<kCByTma>(), &sm_count));
     const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-    kernel<<<grid, kPpThreads, smem, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
-                                               static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
-                                               alpha, beta, diag, per_matrix, total);
+    kernel<<<grid, kPpThreads, pp_smem_bytes<kCByTma>(), stream>>>(
+        map_a, map_b, map_c, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
+        static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+    return ORTHOPT_OK;
   };
-  int sm_count = 0;
-  if (c_by_tma) {
-    ORTHOPT_STATUS_TRY((configure_once<sym_wgmma_pingpong_kernel<T, true>>(pp_smem_bytes<true>(), &sm_count)));
-    run(sym_wgmma_pingpong_kernel<T, true>, pp_smem_bytes<true>(), sm_count);
-  } else {
-    ORTHOPT_STATUS_TRY((configure_once<sym_wgmma_pingpong_kernel<T, false>>(pp_smem_bytes<false>(), &sm_count)));
-    run(sym_wgmma_pingpong_kernel<T, false>, pp_smem_bytes<false>(), sm_count);
-  }
+  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
