@@ -234,13 +234,11 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     // The largest chain stays on the caller's stream; the small ones go beside it, the rest
     // follow it there.
     std::stable_sort(chains.begin(), chains.end(), [](const Chain& a, const Chain& b) { return a.work > b.work; });
-    std::vector<std::function<void()>> parallel{[&] {
-      chains[0].run();
-      for (size_t k = 1; k < chains.size(); ++k)
-        if (!on_side_stream(chains[k].work)) chains[k].run();
+    std::vector<std::function<void()>> on_caller{chains[0].run}, parallel{[&] {
+      for (const auto& run : on_caller) run();
     }};
     for (size_t k = 1; k < chains.size(); ++k)
-      if (on_side_stream(chains[k].work)) parallel.push_back(chains[k].run);
+      (on_side_stream(chains[k].work) ? parallel : on_caller).push_back(chains[k].run);
     std::vector<at::Tensor> inputs(G3s.begin(), G3s.end());
     inputs.insert(inputs.end(), norms.begin(), norms.end());
     cuda::run_on_parallel_streams(device, parallel, inputs, &X);
