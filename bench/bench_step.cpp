@@ -12,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #ifdef ORTHOPT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -34,6 +35,7 @@ struct StepArgs {
   int repeats = 10;
   bool peer = true;
   bool graph = true;
+  std::optional<double> gram_aspect_threshold;  // unset: the optimizers' default
   std::string json;
 };
 
@@ -139,9 +141,9 @@ int run_step(const StepArgs& a) {
     throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
   at::manual_seed(0);
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << fmt::format("{:<7} {:<34} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms", "max ms");
+  std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms", "max ms");
   auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
-    std::cout << fmt::format("{:<7} {:<34} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms, t.max_ms);
+    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms, t.max_ms);
     rows.push_back({{"set", set}, {"optimizer", what}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
                     {"max_ms", t.max_ms}});
   };
@@ -155,13 +157,17 @@ int run_step(const StepArgs& a) {
       Named named = param_set(set, device);
       RoutingOptions routing;
       routing.matrix.algorithm = parse_algorithm(alg);
+      if (a.gram_aspect_threshold) routing.matrix.ortho.gram_aspect_threshold = *a.gram_aspect_threshold;
       Optimizer opt(route_params(named, routing));
-      report(set, "orthopt " + alg + " + AdamW", bench::time_ms([&] { opt.step(); }, device, a.warmup, a.repeats));
+      const std::string ours =
+          "orthopt " + alg + (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") +
+          " + AdamW";
+      report(set, ours, bench::time_ms([&] { opt.step(); }, device, a.warmup, a.repeats));
       if (device.is_cuda() && a.graph) {
         // The same step captured once and replayed (docs/cuda_graph.md): two eager warm-up
         // steps, the capture on the third, so time_ms's warm-up must cover three steps.
         CudaGraphOptimizer graph(opt, /*warmup_steps=*/2);
-        report(set, "orthopt " + alg + " + AdamW, graph",
+        report(set, ours + ", graph",
                bench::time_ms([&] { graph.step(); }, device, std::max(a.warmup, 3), a.repeats));
       }
     }
@@ -201,6 +207,9 @@ void register_bench_step(CLI::App& bench, Action& action) {
   step->add_option("--repeats", args->repeats, "timed steps (median reported)")->check(CLI::Range(1, 100000));
   step->add_flag("!--no-peer", args->peer, "skip the torch-native peers");
   step->add_flag("!--no-graph", args->graph, "on CUDA, skip timing the CUDA-graph replay of our step");
+  step->add_option("--gram-aspect-threshold", args->gram_aspect_threshold,
+                   "ortho method auto: Gram NS when cols >= this * rows (default: the optimizers' 1.5)")
+      ->check(CLI::Range(1.0, 1e9));
   step->add_option("--json", args->json, "also write the results as JSON to this file");
   step->callback([args, &action] { action = [args] { return run_step(*args); }; });
 }

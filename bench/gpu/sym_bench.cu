@@ -69,17 +69,19 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
-  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).
   const char* only = std::getenv("SYM_BENCH_SHAPE");
   if (only) shapes = {shapes.at(std::atoi(only))};
   for (const auto& s : shapes) {
-    __nv_bfloat16 *A, *D;
+    __nv_bfloat16 *A, *C, *D;
     const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
     CK(cudaMalloc(&A, na * 2));
+    CK(cudaMalloc(&C, nd * 2));
     CK(cudaMalloc(&D, nd * 2));
     fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
+    fill<<<1024, 256>>>(C, nd, 29u, 1.0f);  // timing only: the kernels do not need a symmetric C
     CK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
     auto dense = [&] {
@@ -97,10 +99,10 @@ int main(int argc, char** argv) {
       CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
                          D, s.m * s.m, ORTHOPT_SYM_NATIVE, nullptr));
     };
-    auto path = [&](orthopt_sym_path p) {
-      return [&, p] {
-        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f,
-                           0.0f, D, s.m * s.m, p, nullptr));
+    auto path = [&](orthopt_sym_path p, bool with_c = false) {
+      return [&, p, with_c] {
+        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
+                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, p, nullptr));
       };
     };
     const double t_dense = median_ms(dense, 3, repeats);
@@ -109,15 +111,24 @@ int main(int argc, char** argv) {
     const double tnat = median_ms(native, 3, repeats);
     const double twg = median_ms(path(ORTHOPT_SYM_WGMMA), 3, repeats);
     const double tpp = median_ms(path(ORTHOPT_SYM_WGMMA_PINGPONG), 3, repeats);
+    const double tco = median_ms(path(ORTHOPT_SYM_WGMMA_COOP), 3, repeats);
+    const double tppc = median_ms(path(ORTHOPT_SYM_WGMMA_PINGPONG, true), 3, repeats);
+    const double tcoc = median_ms(path(ORTHOPT_SYM_WGMMA_COOP, true), 3, repeats);
     const double tlt = median_ms(path(ORTHOPT_SYM_DENSE), 3, repeats);
     const double tauto = median_ms(path(ORTHOPT_SYM_AUTO), 3, repeats);
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tlt, tauto,
-                ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong" : ap == ORTHOPT_SYM_WGMMA ? "wgmma" : (ap == ORTHOPT_SYM_BLOCKS ? "blocks" : "dense"), tauto / t_dense, flops / t_dense * 1e-9,
-                flops / tauto * 1e-9);
+    const char* ap_name = ap == ORTHOPT_SYM_WGMMA_COOP       ? "wgmma_coop"
+                          : ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong"
+                          : ap == ORTHOPT_SYM_WGMMA          ? "wgmma"
+                          : ap == ORTHOPT_SYM_BLOCKS         ? "blocks"
+                                                             : "dense";
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f "
+                "| %.0f | %.0f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,
+                tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9, flops / tauto * 1e-9);
     cudaFree(A);
+    cudaFree(C);
     cudaFree(D);
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups; TF/s count the dense 2·m²·k FLOPs.\n\n", repeats);

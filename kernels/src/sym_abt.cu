@@ -8,7 +8,7 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong forces a path for AUTO (experiments, A/B timings).
+// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
@@ -19,9 +19,20 @@ orthopt_sym_path forced_path() {
     if (s == "dense") return ORTHOPT_SYM_DENSE;
     if (s == "wgmma") return ORTHOPT_SYM_WGMMA;
     if (s == "wgmma_pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
+    if (s == "wgmma_coop") return ORTHOPT_SYM_WGMMA_COOP;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
+}
+
+// ORTHOPT_SYM_PERSISTENT=coop: AUTO takes the cooperative kernel wherever it would take the
+// ping-pong kernel (A/B timings of whole NS runs and steps).
+bool persistent_coop() {
+  static const bool coop = [] {
+    const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
+    return v && std::string_view(v) == "coop";
+  }();
+  return coop;
 }
 
 }  // namespace
@@ -64,11 +75,14 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
     return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: argument 'D' must not alias 'A', 'B' or 'C'");
   const bool chosen = path == ORTHOPT_SYM_AUTO;
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
-  if (path == ORTHOPT_SYM_AUTO) path = auto_sym_path(batch, m, k);
-  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG) {
+  if (path == ORTHOPT_SYM_AUTO) {
+    path = auto_sym_path(batch, m, k);
+    if (path == ORTHOPT_SYM_WGMMA_PINGPONG && persistent_coop()) path = ORTHOPT_SYM_WGMMA_COOP;
+  }
+  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
-      return sym_abt_wgmma(dtype, path == ORTHOPT_SYM_WGMMA_PINGPONG, batch, m, k, A, stride_a, B, stride_b, alpha,
+      return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha,
                            C, stride_c, beta, diag, D, stride_d, stream);
     if (!chosen) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: the wgmma kernel %s", why);
     path = m >= 4096 || (m >= 2048 && k >= 3 * m) ? ORTHOPT_SYM_BLOCKS : ORTHOPT_SYM_DENSE;  // AUTO without wgmma

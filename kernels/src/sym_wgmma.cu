@@ -536,6 +536,167 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   }
 }
 
+// ---- Persistent cooperative kernel (ORTHOPT_SYM_WGMMA_COOP) ----
+// The ping-pong kernel's 128×128 tiles read 32 KiB of operands per 128·128·64 multiply-adds and
+// were L2-bound (76% of L2 throughput at 88×2048², tensor cores 63% busy). Here both consumer
+// warpgroups work on one "wide" tile, 128 rows × 256 columns: the lower tiles (i, 2J) and
+// (i, 2J + 1) of row i, which share the A tile (rows of block i). A stage holds A and the two
+// B tiles, 48 KiB for twice the work: 24 KiB per 128·128·64, as cuBLAS's 256×128 tiles. Wide
+// tiles run over the lower triangle row by row (2J <= i); the tile (i, i + 1) of an even row
+// lies above the diagonal, so its warpgroup skips it (no loads, no wgmma: the other warpgroup
+// has the tensor cores to itself) but still passes through the ring's barriers in step. The
+// epilogue is not hidden under another tile's main loop, as in ping-pong; the producer keeps
+// loading the next tile's stages meanwhile. β·C by TMA into one C tile per warpgroup, loaded
+// once the tile's first stages are queued and the previous tile's C has been read.
+constexpr size_t kCoopStageBytes = size_t(3) * kBM * kBK * 2;  // A, B of column block 2J, B of 2J + 1
+// 4 × 48 KiB, or 3 × 48 KiB + two 32 KiB C tiles, within 227 KiB.
+template <bool CTma>
+constexpr int kCoopStages = CTma ? 3 : 4;
+template <bool CTma>
+constexpr size_t coop_smem_bytes() {
+  return 1024 + size_t(kCoopStages<CTma>) * kCoopStageBytes + (CTma ? 2 * kCTileBytes : 0) +
+         (2 * kCoopStages<CTma> + 2) * sizeof(uint64_t);
+}
+
+// Wide tile idx of a matrix, row-major over the rows i of 128×128 blocks, with columns
+// J = 0..i/2 in row i: rows 2p and 2p + 1 each hold p + 1 wide tiles, so row 2p starts at
+// p(p + 1) and row 2p + 1 at (p + 1)².
+__device__ __forceinline__ void lower_wide_tile(int64_t idx, int* ti_out, int* tj2_out) {
+  int p = static_cast<int>((sqrt(4.0 * static_cast<double>(idx) + 1.0) - 1.0) * 0.5);
+  while (static_cast<int64_t>(p) * (p + 1) > idx) --p;
+  while (static_cast<int64_t>(p + 1) * (p + 2) <= idx) ++p;
+  const int64_t odd_start = static_cast<int64_t>(p + 1) * (p + 1);
+  if (idx < odd_start) {
+    *ti_out = 2 * p;
+    *tj2_out = static_cast<int>(idx - static_cast<int64_t>(p) * (p + 1));
+  } else {
+    *ti_out = 2 * p + 1;
+    *tj2_out = static_cast<int>(idx - odd_start);
+  }
+}
+// Wide tiles of a matrix with t rows of 128×128 blocks.
+inline int64_t wide_tiles(int64_t t) { return t % 2 == 0 ? (t / 2) * (t / 2 + 1) : (t / 2 + 1) * (t / 2 + 1); }
+
+template <typename T, bool CTma>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_coop_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
+                          T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
+                          int64_t tiles_per_mat, int64_t total_tiles) {
+  constexpr int kStagesC = kCoopStages<CTma>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* cbuf = smem + size_t(kStagesC) * kCoopStageBytes;  // CTma: one C tile per consumer warpgroup
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
+  uint64_t* empty = full + kStagesC;
+  uint64_t* c_full = empty + kStagesC;  // this tile's C tiles have landed
+  uint64_t* c_empty = c_full + 1;       // both warpgroups are done with the previous tile's C
+  constexpr size_t kTile = size_t(kBM) * kBK * 2;
+  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kCoopStageBytes; };
+  auto tile_b = [&](int s, int w) { return smem + static_cast<size_t>(s) * kCoopStageBytes + (1 + w) * kTile; };
+  auto locate = [&](int64_t t, int* z, int* ti, int* tj2) {
+    *z = static_cast<int>(t / tiles_per_mat);
+    lower_wide_tile(t % tiles_per_mat, ti, tj2);
+  };
+  const bool c_by_tma = CTma && C != nullptr;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < kStagesC; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    mbar_init(c_full, 1);
+    mbar_init(c_empty, 2);
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (tid == 256) {
+      int64_t g = 0;
+      for (int64_t n = 0; n < my_tiles; ++n) {
+        int z, ti, tj2;
+        locate(blockIdx.x + n * gridDim.x, &z, &ti, &tj2);
+        const bool second = 2 * tj2 + 1 <= ti;  // the tile's second 128×128 block is on or below the diagonal
+        const int row0 = ti * kBM, col0 = 2 * tj2 * kBM;
+        const int first_stages = ktiles < kStagesC ? ktiles : kStagesC;
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = static_cast<int>(g % kStagesC);
+          const int64_t round = g / kStagesC;
+          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
+          mbar_expect_tx(&full[s], static_cast<uint32_t>((second ? 3 : 2) * kTile));
+          tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+          tma_load(tile_b(s, 0), &map_b, &full[s], kt * kBK, col0, z);
+          if (second) tma_load(tile_b(s, 1), &map_b, &full[s], kt * kBK, col0 + kBM, z);
+          // C once this tile's first stages are queued (they load during the previous tile's
+          // epilogue) and both warpgroups have read the previous tile's C.
+          if (c_by_tma && kt == first_stages - 1) {
+            if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
+            mbar_expect_tx(c_full, static_cast<uint32_t>((second ? 2 : 1) * kCTileBytes));
+            for (int w = 0; w < (second ? 2 : 1); ++w) {
+              unsigned char* cs = cbuf + w * kCTileBytes;
+              tma_load(cs, &map_c, c_full, col0 + w * kBM, row0, z);
+              tma_load(cs + kCTileBytes / 2, &map_c, c_full, col0 + w * kBM + 64, row0, z);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int w = wg, lt = tid % 128;
+  int64_t g = 0;
+  for (int64_t n = 0; n < my_tiles; ++n) {
+    int z, ti, tj2;
+    locate(blockIdx.x + n * gridDim.x, &z, &ti, &tj2);
+    const int tj = 2 * tj2 + w;
+    const bool active = tj <= ti;  // warpgroup-uniform
+    float acc0[64], acc1[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+    for (int kt = 0; kt < ktiles; ++kt, ++g) {
+      const int s = static_cast<int>(g % kStagesC);
+      mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
+      if (!active) {  // pass the stage on in step with the other warpgroup
+        if (lt == 0) mbar_arrive(&empty[s]);
+        continue;
+      }
+      const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2),
+                     db = smem_desc(tile_b(s, w));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+        wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
+    }
+    if (active) {
+      wgmma_wait<0>();
+      if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
+    }
+    // Both warpgroups wait for this tile's C, also one that skips its block: its arrival on
+    // c_empty must not count towards the previous tile's phase.
+    if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
+    if (active)
+      store_tile_lower_mirrored<T>(acc0, acc1, c_by_tma ? cbuf + w * kCTileBytes : nullptr,
+                                   !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                   D + static_cast<int64_t>(z) * stride_d, m, ti * kBM, tj * kBM, alpha, beta, diag);
+    if (c_by_tma) {
+      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read its C tile
+      if (lt == 0) mbar_arrive(c_empty);
+    }
+  }
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
 // binaries still load on machines without a driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -608,11 +769,13 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
-template <typename T>
-orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
-                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
-                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
-                               cudaStream_t stream) {
+// The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
+// one grid of min(tiles, SMs) CTAs of the kernel instance for this C path.
+template <typename T, bool Coop>
+orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                                 int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                                 cudaStream_t stream) {
   CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
@@ -620,17 +783,18 @@ orthopt_status launch_pingpong(orthopt_dtype dtype, int64_t batch, int64_t m, in
   const bool c_by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
   if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
   else map_c = map_a;  // unused
-  const int64_t t = (m + kBM - 1) / kBM, per_matrix = t * (t + 1) / 2, total = per_matrix * batch;
-  // One grid of min(tiles, SMs) persistent CTAs of the kernel instance for this C path.
+  const int64_t t = (m + kBM - 1) / kBM, per_matrix = Coop ? wide_tiles(t) : t * (t + 1) / 2;
+  const int64_t total = per_matrix * batch;
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    constexpr auto kernel = sym_wgmma_pingpong_kernel<T, kCByTma>;
+    constexpr auto kernel = Coop ? sym_wgmma_coop_kernel<T, kCByTma> : sym_wgmma_pingpong_kernel<T, kCByTma>;
+    constexpr size_t smem_bytes = Coop ? coop_smem_bytes<kCByTma>() : pp_smem_bytes<kCByTma>();
     int sm_count = 0;
-    ORTHOPT_STATUS_TRY(configure_once<kernel>(pp_smem_bytes<kCByTma>(), &sm_count));
+    ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
     const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-    kernel<<<grid, kPpThreads, pp_smem_bytes<kCByTma>(), stream>>>(
-        map_a, map_b, map_c, static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m),
-        static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+    kernel<<<grid, kPpThreads, smem_bytes, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
+                                                     static_cast<T*>(D), stride_d, static_cast<int>(m),
+                                                     static_cast<int>(k), alpha, beta, diag, per_matrix, total);
     return ORTHOPT_OK;
   };
   ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
@@ -660,15 +824,20 @@ bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, 
   return operands_in_16_byte_rows(k, A, stride_a, B, stride_b, why);
 }
 
-orthopt_status sym_abt_wgmma(orthopt_dtype dtype, bool pingpong, int64_t batch, int64_t m, int64_t k, const void* A,
-                             int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
+                             const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                              cudaStream_t stream) {
   auto run = [&](auto launcher) {
     return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
   };
-  if (dtype == ORTHOPT_BF16) return pingpong ? run(launch_pingpong<__nv_bfloat16>) : run(launch<__nv_bfloat16>);
-  return pingpong ? run(launch_pingpong<__half>) : run(launch<__half>);
+  auto by_path = [&](auto elem) {
+    using T = decltype(elem);
+    if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
+    if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
+    return run(launch<T>);
+  };
+  return dtype == ORTHOPT_BF16 ? by_path(__nv_bfloat16{}) : by_path(__half{});
 }
 
 }  // namespace orthopt_k

@@ -89,6 +89,7 @@ const char* name(orthopt_sym_path p) {
     case ORTHOPT_SYM_DENSE: return "dense";
     case ORTHOPT_SYM_WGMMA: return "wgmma";
     case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
+    case ORTHOPT_SYM_WGMMA_COOP: return "wgmma_coop";
     default: return "blocks";
   }
 }
@@ -1167,8 +1168,9 @@ int main(int argc, char** argv) {
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG}) {
-      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG;
+                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP}) {
+      const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP;
+      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
@@ -1179,11 +1181,15 @@ int main(int argc, char** argv) {
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
       check_sym(dt, path, 1, 201, 96, false, false, rng);   // odd m
       check_sym(dt, path, 2, 300, 136, true, true, rng);    // 3 row blocks, tiles past m
-      // More tiles than two per multiprocessor: the persistent kernel's warpgroups take several
-      // tiles each, reusing their stages and C buffers (288 tiles on 132 multiprocessors). Only
-      // there: on this shape racecheck reports hazards inside cuBLAS's own kernels (nvjet_*,
-      // used by the blocks and dense paths), none in ours (H200, 2026-12-01).
-      if (path == ORTHOPT_SYM_WGMMA_PINGPONG) check_sym(dt, path, 48, 264, 64, true, true, rng);
+      // More tiles than two per multiprocessor: the persistent kernels' warpgroups take several
+      // tiles each, reusing their stages and C buffers (288 tiles, or 192 wide tiles, on 132
+      // multiprocessors; one k-step per tile, fewer than the ring's stages). Only there: on this
+      // shape racecheck reports hazards inside cuBLAS's own kernels (nvjet_*, used by the blocks
+      // and dense paths), none in ours (H200, 2026-12-01).
+      if (persistent) check_sym(dt, path, 48, 264, 64, true, true, rng);
+      // The cooperative kernel with several k-steps per wide tile (the 3-stage ring wraps) and
+      // several wide tiles per CTA, A≠B.
+      if (path == ORTHOPT_SYM_WGMMA_COOP) check_sym(dt, path, 48, 264, 200, false, true, rng);
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
