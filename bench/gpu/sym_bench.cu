@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
                                {12, 768, 768}, {12, 768, 3072}, {88, 2048, 2048}, {66, 2048, 5632},
                                // GPT-2's Gram iteration: the m×m products of its three Gram banks stacked
                                {24, 768, 768}, {36, 768, 768}, {48, 768, 768}};
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // one line per shape, also when stopped by a timeout
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));

@@ -656,40 +656,44 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     int z, ti, tj2;
     locate(blockIdx.x + n * gridDim.x, &z, &ti, &tj2);
     const int tj = 2 * tj2 + w;
-    const bool active = tj <= ti;  // warpgroup-uniform
-    float acc0[64], acc1[64];
+    // Warpgroup-uniform. The two cases are separate loops: with wgmma behind a branch inside
+    // the main loop, ptxas serializes the wgmmas (C7518, a warpgroup wait in a divergent path).
+    if (tj <= ti) {
+      float acc0[64], acc1[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-    for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % kStagesC);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
-      if (!active) {  // pass the stage on in step with the other warpgroup
-        if (lt == 0) mbar_arrive(&empty[s]);
-        continue;
-      }
-      const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2),
-                     db = smem_desc(tile_b(s, w));
-      wgmma_fence();
+      for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+      for (int kt = 0; kt < ktiles; ++kt, ++g) {
+        const int s = static_cast<int>(g % kStagesC);
+        mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
+        const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2),
+                       db = smem_desc(tile_b(s, w));
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-        wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+          wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+        if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
       }
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
-    }
-    if (active) {
       wgmma_wait<0>();
       if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
-    }
-    // Both warpgroups wait for this tile's C, also one that skips its block: its arrival on
-    // c_empty must not count towards the previous tile's phase.
-    if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-    if (active)
+      if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
       store_tile_lower_mirrored<T>(acc0, acc1, c_by_tma ? cbuf + w * kCTileBytes : nullptr,
                                    !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
                                    D + static_cast<int64_t>(z) * stride_d, m, ti * kBM, tj * kBM, alpha, beta, diag);
+    } else {
+      // Above the diagonal: pass each stage on in step with the other warpgroup, and wait for
+      // this tile's C too, so that this warpgroup's arrival on c_empty cannot count towards the
+      // previous tile's phase.
+      for (int kt = 0; kt < ktiles; ++kt, ++g) {
+        const int s = static_cast<int>(g % kStagesC);
+        mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
+        if (lt == 0) mbar_arrive(&empty[s]);
+      }
+      if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
+    }
     if (c_by_tma) {
       named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read its C tile
       if (lt == 0) mbar_arrive(c_empty);
