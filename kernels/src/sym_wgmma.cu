@@ -684,20 +684,25 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                                    !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
                                    D + static_cast<int64_t>(z) * stride_d, m, ti * kBM, tj * kBM, alpha, beta, diag);
     } else {
-      // Above the diagonal: pass each stage on in step with the other warpgroup, and wait for
-      // this tile's C too, so that this warpgroup's arrival on c_empty cannot count towards the
-      // previous tile's phase.
-      for (int kt = 0; kt < ktiles; ++kt, ++g) {
-        const int s = static_cast<int>(g % kStagesC);
-        mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
-        if (lt == 0) mbar_arrive(&empty[s]);
+      // Above the diagonal: one thread passes each stage on in step with the other warpgroup,
+      // and waits for this tile's C too, so that the arrival on c_empty below cannot count
+      // towards the previous tile's phase. One thread only: nothing else keeps the warps of a
+      // warpgroup together here (no wgmma), and a warp left behind by two phases of the ring
+      // would wait on a parity that has come round again (the first version, with every thread
+      // waiting, hung on the H200 from 4096²).
+      if (lt == 0) {
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const int64_t gk = g + kt;
+          mbar_wait(&full[gk % kStagesC], static_cast<uint32_t>((gk / kStagesC) & 1));
+          mbar_arrive(&empty[gk % kStagesC]);
+        }
+        if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
       }
-      if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
+      g += ktiles;
     }
-    if (c_by_tma) {
-      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read its C tile
-      if (lt == 0) mbar_arrive(c_empty);
-    }
+    // The warpgroup goes on to its next tile together (and, with C, has read its C tile).
+    named_bar_sync(3 + w, 128);
+    if (c_by_tma && lt == 0) mbar_arrive(c_empty);
   }
 }
 

@@ -1187,9 +1187,12 @@ int main(int argc, char** argv) {
       // shape racecheck reports hazards inside cuBLAS's own kernels (nvjet_*, used by the blocks
       // and dense paths), none in ours (H200, 2026-12-01).
       if (persistent) check_sym(dt, path, 48, 264, 64, true, true, rng);
-      // The cooperative kernel with several k-steps per wide tile (the 3-stage ring wraps) and
-      // several wide tiles per CTA, A≠B.
-      if (path == ORTHOPT_SYM_WGMMA_COOP) check_sym(dt, path, 48, 264, 200, false, true, rng);
+      // The cooperative kernel with several k-steps per wide tile (the ring wraps) and several
+      // wide tiles per CTA, with C (3 stages) and without (4 stages, no C barriers between tiles).
+      if (path == ORTHOPT_SYM_WGMMA_COOP) {
+        check_sym(dt, path, 48, 264, 200, false, true, rng);
+        check_sym(dt, path, 48, 264, 456, true, false, rng);
+      }
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
