@@ -49,10 +49,16 @@ namespace orthopt_k {
 // (12×768×3072 0.058 vs 0.061); one dense cuBLASLt product for smaller work (single 2048²,
 // 12×768²). Without the wgmma kernels (not Hopper, or misaligned operands) orthopt_sym_abt
 // falls back to the rule measured on an H100: blocks from m = 4096 or m >= 2048 with k >= 3m.
+// Widened on 2026-12-01 (sixth session, bench/results/2026-12-01-h200-coop.md) from m = 1536 and
+// 7e10 to m = 1408 and 5e10 multiply-adds: NS with every symmetric product on the ping-pong
+// kernel against AUTO, alternated in one run, 44×1408×2048 (Dion3's Llama selections) 6.89 /
+// 7.09 ms vs 8.49 / 7.54, 16×1536×2048 (its A² is 16×1536×1536, 5.8e10) 3.01 / 3.05 vs
+// 3.10 / 3.11.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
   if (m >= 4096) return ORTHOPT_SYM_WGMMA_PINGPONG;
-  if (m >= 1536 && (k >= 2 * m || work >= 7e10)) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 1536 && k >= 2 * m) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 1408 && work >= 5e10) return ORTHOPT_SYM_WGMMA_PINGPONG;
   if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA;
   return ORTHOPT_SYM_DENSE;
 }

@@ -23,8 +23,10 @@
 // SM (0.93x the time at 8192², slower on every other shape), and 2×2 clusters multicasting
 // operand halves (2–3x slower). Of the persistent kernel (Nsight Compute, 88×2048²): tensor
 // cores 63% busy at 76% of L2 throughput (cuBLAS's dense 256×128 kernel: 93% at 57%), so its
-// 128×128 tiles now are L2-bound; a cooperative variant with two tiles sharing A per CTA
-// (commit 7101e25) was 1.7x slower at m = 768 and hung at m >= 1536 (not diagnosed).
+// 128×128 tiles now are L2-bound. A third, cooperative kernel (ORTHOPT_SYM_WGMMA_COOP, last in
+// this file) has both consumer warpgroups share the A tile of a 128×256 wide tile: 25% fewer
+// operand bytes, but the epilogue is exposed, and on an H200 it was faster only at 8192²
+// without C (bench/results/2026-12-01-h200-coop.md), so AUTO does not take it.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
