@@ -57,6 +57,12 @@ OrthoMethod resolve_method(int64_t rows, int64_t cols, const OrthoOptions& opt);
 // The compute dtype used for a matrix on `device` with the resolved method.
 at::ScalarType resolve_compute_dtype(const OrthoOptions& opt, c10::Device device, OrthoMethod method);
 
+// Non-empty when Gram NS with these options in this compute dtype is known to go wrong: in half
+// precision (fp16, bf16) without restarts over three or more steps, R's spurious negative
+// eigenvalues grow unchecked (relative error 0.6-1.2 against float64 measured, against 0.03-0.05
+// with the default restart). orthogonalize warns once per process with this text.
+std::string gram_precision_warning(const OrthoOptions& opt, at::ScalarType compute);
+
 // Dense FLOPs of 5-step-equivalent standard NS, 2·(2m²n + 2m³ + 2m²n) per step with
 // m = min, n = max: the reference count performance.md uses for rates.
 double standard_ns_flops(int64_t rows, int64_t cols, int steps);

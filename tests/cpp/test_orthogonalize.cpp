@@ -318,6 +318,26 @@ TEST_F(Orthogonalize, Fp16GramWithRestartStaysNearFloat64Standard) {
   }
 }
 
+// The configuration measured above (half precision, no restart) is the one orthogonalize warns
+// about; float32, a restart, or too few steps for the published restart do not warn.
+TEST_F(Orthogonalize, GramWithoutRestartInHalfPrecisionHasAWarning) {
+  OrthoOptions o;
+  o.gram_restarts = {};
+  for (auto dt : {at::kHalf, at::kBFloat16}) {
+    const std::string w = orthopt::gram_precision_warning(o, dt);
+    EXPECT_NE(w.find("without restarts"), std::string::npos) << w;
+    EXPECT_NE(w.find("gram_restarts"), std::string::npos) << w;
+  }
+  EXPECT_TRUE(orthopt::gram_precision_warning(o, at::kFloat).empty());
+  EXPECT_TRUE(orthopt::gram_precision_warning(o, at::kDouble).empty());
+  o.steps = 2;
+  EXPECT_TRUE(orthopt::gram_precision_warning(o, at::kHalf).empty());
+  o.steps = 5;
+  o.gram_restarts = {3};
+  EXPECT_TRUE(orthopt::gram_precision_warning(o, at::kHalf).empty());
+  EXPECT_TRUE(orthopt::gram_precision_warning(OrthoOptions{}, at::kHalf).empty());  // the default restarts
+}
+
 // ---------------------------------------------------------------------------------------------
 // Convergence to the polar factor and the singular-value band.
 

@@ -5,6 +5,9 @@ algorithms.md (own normalization, own coefficient tables, own transposition of t
 never calls orthopt.
 """
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -179,6 +182,29 @@ def test_fp16_gram_restart_beats_no_restart():
                                             restarts=[]), ref)
     assert with_restart < 0.06
     assert with_restart < without
+
+
+def test_fp16_gram_without_restart_warns_once_per_process():
+    # A fresh interpreter: the warning is issued once per process, and another test here may
+    # already have issued it. Two calls without a restart, one float32 and one with the default
+    # restart: the text appears exactly once (torch's handler: a Python warning, or stderr).
+    code = (
+        "import warnings, torch, orthopt\n"
+        "warnings.simplefilter('always')\n"
+        "G = torch.randn(2, 32, 96)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    for kw in [dict(compute_dtype=torch.float16, restarts=[]),\n"
+        "               dict(compute_dtype=torch.float16, restarts=[]),\n"
+        "               dict(compute_dtype=torch.float32, restarts=[]),\n"
+        "               dict(compute_dtype=torch.float16)]:\n"
+        "        orthopt.orthogonalize(G, method='gram', **kw)\n"
+        "for w in caught: print('PYWARNING', w.message)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout + r.stderr
+    assert text.count("without restarts ('gram_restarts' is empty") == 1, text
 
 
 def test_split_sizes_and_flatten():
