@@ -143,7 +143,8 @@ int run_step(const StepArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms", "max ms");
   auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
-    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms, t.max_ms);
+    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms,
+                             t.max_ms);
     rows.push_back({{"set", set}, {"optimizer", what}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
                     {"max_ms", t.max_ms}});
   };

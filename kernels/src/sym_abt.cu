@@ -8,7 +8,8 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop forces a path for AUTO (experiments, A/B timings).
+// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop forces a path for AUTO
+// (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
@@ -88,8 +89,8 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
-      return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha,
-                           C, stride_c, beta, diag, D, stride_d, stream);
+      return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,
+                           stride_d, stream);
     if (!chosen) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: the wgmma kernel %s", why);
     path = m >= 4096 || (m >= 2048 && k >= 3 * m) ? ORTHOPT_SYM_BLOCKS : ORTHOPT_SYM_DENSE;  // AUTO without wgmma
   }

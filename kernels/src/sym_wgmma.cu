@@ -691,7 +691,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       // towards the previous tile's phase. One thread only: nothing else keeps the warps of a
       // warpgroup together here (no wgmma), and a warp left behind by two phases of the ring
       // would wait on a parity that has come round again (the first version, with every thread
-      // waiting, hung on the H200 from 4096²).
+      // waiting, hung on the H200 from 4096²; this is the likely cause, and this version does
+      // not hang).
       if (lt == 0) {
         for (int kt = 0; kt < ktiles; ++kt) {
           const int64_t gk = g + kt;
@@ -836,8 +837,8 @@ bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, 
 }
 
 orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
-                             const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
-                             int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                             const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha,
+                             const void* C, int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                              cudaStream_t stream) {
   auto run = [&](auto launcher) {
     return launcher(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d, stream);
