@@ -1,7 +1,8 @@
 // Kernel-level timings of the symmetric product D = A·Aᵀ (bf16, fp32 accumulation) on the
 // shapes Newton–Schulz produces, against the dense cuBLAS product of the same operands in the
 // same run: the dense product (peer), the block path at several panel heights, the native
-// kernel. CUDA events, warm-up, median of repeats, random inputs. Prints a markdown table.
+// kernel, the wgmma kernels. CUDA events, warm-up, median of repeats timed round-robin over the
+// paths of a shape, random inputs. Prints a markdown table.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -33,26 +34,39 @@ __global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
   }
 }
 
-double median_ms(const std::function<void()>& fn, int warmup, int repeats) {
+// Median ms of each function, timed round-robin: after every function's warm-up, round r times
+// each function once, starting at function r mod n. Clock and thermal drift over a shape's
+// sequence, and the place in it, then fall on all of them alike: timed one after another, the
+// later columns read 5–25% slower than the same path timed earlier (docs/gpu.md).
+std::vector<double> interleaved_median_ms(const std::vector<std::function<void()>>& fns, int warmup, int repeats) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < repeats; ++i) {
-    CK(cudaEventRecord(a));
-    fn();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
+  const size_t n = fns.size();
+  for (const auto& fn : fns)
+    for (int i = 0; i < warmup; ++i) fn();
+  std::vector<std::vector<float>> ms(n);
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t f = (j + static_cast<size_t>(r)) % n;
+      CK(cudaEventRecord(a));
+      fns[f]();
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, a, b));
+      ms[f].push_back(t);
+    }
   }
   CK(cudaGetLastError());
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::vector<double> median(n);
+  for (size_t f = 0; f < n; ++f) {
+    std::sort(ms[f].begin(), ms[f].end());
+    median[f] = ms[f][ms[f].size() / 2];
+  }
+  return median;
 }
 
 }  // namespace
@@ -106,17 +120,13 @@ int main(int argc, char** argv) {
                            s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, p, nullptr));
       };
     };
-    const double t_dense = median_ms(dense, 3, repeats);
-    const double t512 = median_ms(blocks(512), 3, repeats);
-    const double t1024 = median_ms(blocks(1024), 3, repeats);
-    const double tnat = median_ms(native, 3, repeats);
-    const double twg = median_ms(path(ORTHOPT_SYM_WGMMA), 3, repeats);
-    const double tpp = median_ms(path(ORTHOPT_SYM_WGMMA_PINGPONG), 3, repeats);
-    const double tco = median_ms(path(ORTHOPT_SYM_WGMMA_COOP), 3, repeats);
-    const double tppc = median_ms(path(ORTHOPT_SYM_WGMMA_PINGPONG, true), 3, repeats);
-    const double tcoc = median_ms(path(ORTHOPT_SYM_WGMMA_COOP, true), 3, repeats);
-    const double tlt = median_ms(path(ORTHOPT_SYM_DENSE), 3, repeats);
-    const double tauto = median_ms(path(ORTHOPT_SYM_AUTO), 3, repeats);
+    const std::vector<double> t = interleaved_median_ms(
+        {dense, blocks(512), blocks(1024), native, path(ORTHOPT_SYM_WGMMA), path(ORTHOPT_SYM_WGMMA_PINGPONG),
+         path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_PINGPONG, true), path(ORTHOPT_SYM_WGMMA_COOP, true),
+         path(ORTHOPT_SYM_DENSE), path(ORTHOPT_SYM_AUTO)},
+        3, repeats);
+    const double t_dense = t[0], t512 = t[1], t1024 = t[2], tnat = t[3], twg = t[4], tpp = t[5], tco = t[6],
+                 tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10];
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
     const char* ap_name = ap == ORTHOPT_SYM_WGMMA_COOP       ? "wgmma_coop"
@@ -132,7 +142,9 @@ int main(int argc, char** argv) {
     cudaFree(C);
     cudaFree(D);
   }
-  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups; TF/s count the dense 2·m²·k FLOPs.\n\n", repeats);
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, the paths of a shape timed round-robin; TF/s "
+              "count the dense 2·m²·k FLOPs.\n\n",
+              repeats);
 
   // Rectangular products a·X + B·X / Q·X: ours (cuBLASLt, β·C epilogue from a separate C, as NS
   // uses it) vs cublasGemmStridedBatchedEx with β·C in place (at::baddbmm also copies C first;
@@ -161,7 +173,8 @@ int main(int argc, char** argv) {
       CK(orthopt_gemm(ORTHOPT_BF16, r.batch, r.m, r.n, r.k, A, r.m * r.k, 0, X, r.k * r.n, 0, 1.0f, C, r.m * r.n,
                       1.0f, D, r.m * r.n, nullptr));
     };
-    const double tp = median_ms(peer, 3, repeats), to = median_ms(ours, 3, repeats);
+    const std::vector<double> t = interleaved_median_ms({peer, ours}, 3, repeats);
+    const double tp = t[0], to = t[1];
     const double flops = 2.0 * r.batch * r.m * r.n * r.k;
     std::printf("| %lldx%lldx%lldx%lld | %.3f | %.3f | %.2f | %.0f |\n", (long long)r.batch, (long long)r.m,
                 (long long)r.n, (long long)r.k, tp, to, to / tp, flops / to * 1e-9);
