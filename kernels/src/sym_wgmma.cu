@@ -419,6 +419,36 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// The main loop of a consumer warpgroup on one 128×128 block, shared by the persistent kernels:
+// zeroes the accumulators (acc0: rows 0..63, acc1: rows 64..127), then for `ktiles` stages of the
+// ring from global k-step g on (g advances): waits until the stage has landed, issues the
+// wgmmas of both row halves of its A tile against the warpgroup's B tile (at b_offset in the
+// stage), and once the previous stage's wgmmas have completed, one thread (leader) gives that
+// stage back to the producer. Returns with the last stage's wgmmas in flight: wgmma_wait<0> and
+// that stage's release are the caller's.
+template <typename T, int Stages>
+__device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[64], uint64_t* full, uint64_t* empty,
+                                              unsigned char* ring, size_t stage_bytes, size_t b_offset, int ktiles,
+                                              int64_t& g, bool leader) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+  for (int kt = 0; kt < ktiles; ++kt, ++g) {
+    const int s = static_cast<int>(g % Stages);
+    mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
+    const unsigned char* a = ring + static_cast<size_t>(s) * stage_bytes;
+    const uint64_t da0 = smem_desc(a), da1 = smem_desc(a + 64 * kBK * 2), db = smem_desc(a + b_offset);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+      wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+    if (kt > 0 && leader) mbar_arrive(&empty[(g - 1) % Stages]);
+  }
+}
+
 constexpr int kPpStages = 4;  // 4, 5, 6, 7 measured on an H200 (with this epilogue): 4 fastest
 template <bool CTma>
 constexpr size_t pp_smem_bytes() {
@@ -503,23 +533,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     // tile's has completed its load, so the parity waits below cannot match an older phase.
     if (n > 0) named_bar_sync(1 + w, 256);
     float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
     int64_t g = n * ktiles;
-    for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % kPpStages);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / kPpStages) & 1));
-      const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2), db = smem_desc(tile_b(s));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-        wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
-    }
+    consume_block<T, kPpStages>(acc0, acc1, full, empty, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, lt == 0);
     if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
@@ -662,23 +677,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     // the main loop, ptxas serializes the wgmmas (C7518, a warpgroup wait in a divergent path).
     if (tj <= ti) {
       float acc0[64], acc1[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-      for (int kt = 0; kt < ktiles; ++kt, ++g) {
-        const int s = static_cast<int>(g % kStagesC);
-        mbar_wait(&full[s], static_cast<uint32_t>((g / kStagesC) & 1));
-        const uint64_t da0 = smem_desc(tile_a(s)), da1 = smem_desc(tile_a(s) + 64 * kBK * 2),
-                       db = smem_desc(tile_b(s, w));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-          wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-        if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
-      }
+      consume_block<T, kStagesC>(acc0, acc1, full, empty, smem, kCoopStageBytes, (1 + w) * kTile, ktiles, g, lt == 0);
       wgmma_wait<0>();
       if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
       if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
