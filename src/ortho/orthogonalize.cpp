@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "ortho/orthogonalize_detail.h"
 #include "ortho/products.h"
@@ -104,13 +105,22 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
 // or on (A/B timings).
 constexpr int64_t kOwnLayoutMaxM = 1024;
 
+#ifdef ORTHOPT_WITH_CUDA
+// An A/B switch in the environment, read at each call (tests flip it in one process): "0" off,
+// "1" on, anything else (or unset) leaves the measured rule in charge.
+std::optional<bool> env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  if (env && std::strcmp(env, "0") == 0) return false;
+  if (env && std::strcmp(env, "1") == 0) return true;
+  return std::nullopt;
+}
+#endif
+
 bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m) {
 #ifdef ORTHOPT_WITH_CUDA
   if (compute != at::kBFloat16 && compute != at::kHalf) return false;
   if (!cuda::scale_cast_handles(G3, compute)) return false;
-  const char* env = std::getenv("ORTHOPT_GRAM_OWN_LAYOUT");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  if (env && std::strcmp(env, "1") == 0) return true;
+  if (const std::optional<bool> forced = env_switch("ORTHOPT_GRAM_OWN_LAYOUT")) return *forced;
   return m <= kOwnLayoutMaxM;
 #else
   (void)G3, (void)compute, (void)m;
@@ -168,9 +178,7 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 constexpr double kSideChainMaxWork = 2e11;
 
 bool on_side_stream(double work) {
-  const char* env = std::getenv("ORTHOPT_NS_STREAMS");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  if (env && std::strcmp(env, "1") == 0) return true;
+  if (const std::optional<bool> forced = env_switch("ORTHOPT_NS_STREAMS")) return *forced;
   return work <= kSideChainMaxWork;
 }
 #endif
@@ -187,6 +195,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   std::vector<size_t> standard;
+  std::vector<bool> tall(G3s.size());
   std::vector<at::ScalarType> compute(G3s.size());
   std::vector<bool> own_layout(G3s.size());
   std::vector<double> work(G3s.size());
@@ -194,8 +203,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
     TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
-    const bool tall = G3.size(1) > G3.size(2);
-    const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
+    tall[i] = G3.size(1) > G3.size(2);
+    const int64_t m = tall[i] ? G3.size(2) : G3.size(1), n = tall[i] ? G3.size(1) : G3.size(2);
     const OrthoMethod method = resolve_method(m, n, opt);
     compute[i] = resolve_compute_dtype(opt, device, method);
     if (method == OrthoMethod::Gram) {
@@ -204,7 +213,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
         TORCH_WARN_ONCE(warning);
       }
     }
-    own_layout[i] = tall && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute[i], m);
+    own_layout[i] = tall[i] && method == OrthoMethod::Gram && gram_in_own_layout(G3, compute[i], m);
     work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) *
               static_cast<double>(n);
     if (method == OrthoMethod::Gram)
@@ -213,8 +222,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
       standard.push_back(i);
   }
   auto input = [&](size_t i) {
-    return normalized_input(G3s[i], G3s[i].size(1) > G3s[i].size(2), compute[i], s,
-                            norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
+    return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
   };
   struct Chain {
     std::function<void()> run;
@@ -252,7 +260,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
 #endif
     for (const auto& chain : chains) chain.run();
   for (size_t i = 0; i < G3s.size(); ++i)
-    if (G3s[i].size(1) > G3s[i].size(2)) X[i] = X[i].transpose(1, 2);
+    if (tall[i]) X[i] = X[i].transpose(1, 2);
   return X;
 }
 
