@@ -36,7 +36,11 @@ typedef enum {
   ORTHOPT_SYM_WGMMA_COOP = 6 /* persistent like PINGPONG, but the two consumer warpgroups work
                                 together on 128×256 tiles (two 128×128 lower tiles of one row
                                 sharing the A tile): 25% fewer operand bytes per product, the
-                                epilogue not hidden */
+                                epilogue not hidden */,
+  ORTHOPT_SYM_WGMMA_PAIR = 7 /* PINGPONG on clusters of two CTAs (two multiprocessors) that take
+                                two tiles sharing one operand tile, each CTA loading half of it
+                                for both by TMA multicast: 25% fewer operand bytes per CTA, the
+                                epilogue still hidden */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

@@ -8,7 +8,8 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop forces a path for AUTO
+// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop|wgmma_pair forces a path
+// for AUTO
 // (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
@@ -21,19 +22,22 @@ orthopt_sym_path forced_path() {
     if (s == "wgmma") return ORTHOPT_SYM_WGMMA;
     if (s == "wgmma_pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     if (s == "wgmma_coop") return ORTHOPT_SYM_WGMMA_COOP;
+    if (s == "wgmma_pair") return ORTHOPT_SYM_WGMMA_PAIR;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
 }
 
-// ORTHOPT_SYM_PERSISTENT=coop: AUTO takes the cooperative kernel wherever it would take the
-// ping-pong kernel (A/B timings of whole NS runs and steps).
-bool persistent_coop() {
-  static const bool coop = [] {
+// ORTHOPT_SYM_PERSISTENT=coop|pair: AUTO takes the cooperative or the pair kernel wherever it
+// would take the ping-pong kernel (A/B timings of whole NS runs and steps).
+orthopt_sym_path persistent_override() {
+  static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
-    return v && std::string_view(v) == "coop";
+    if (v && std::string_view(v) == "coop") return ORTHOPT_SYM_WGMMA_COOP;
+    if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
+    return ORTHOPT_SYM_WGMMA_PINGPONG;
   }();
-  return coop;
+  return p;
 }
 
 }  // namespace
@@ -84,9 +88,10 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) {
     path = auto_sym_path(batch, m, k);
-    if (path == ORTHOPT_SYM_WGMMA_PINGPONG && persistent_coop()) path = ORTHOPT_SYM_WGMMA_COOP;
+    if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
   }
-  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP) {
+  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
+      path == ORTHOPT_SYM_WGMMA_PAIR) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

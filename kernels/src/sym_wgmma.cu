@@ -425,11 +425,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // wgmmas of both row halves of its A tile against the warpgroup's B tile (at b_offset in the
 // stage), and once the previous stage's wgmmas have completed, one thread (leader) gives that
 // stage back to the producer. Returns with the last stage's wgmmas in flight: wgmma_wait<0> and
-// that stage's release are the caller's.
-template <typename T, int Stages>
-__device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[64], uint64_t* full, uint64_t* empty,
+// that stage's release are the caller's. release(s) gives stage s back (called by every thread;
+// the callable picks the thread that arrives).
+template <typename T, int Stages, typename Release>
+__device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[64], uint64_t* full,
                                               unsigned char* ring, size_t stage_bytes, size_t b_offset, int ktiles,
-                                              int64_t& g, bool leader) {
+                                              int64_t& g, Release&& release) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
   for (int kt = 0; kt < ktiles; ++kt, ++g) {
@@ -445,7 +446,7 @@ __device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[6
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-    if (kt > 0 && leader) mbar_arrive(&empty[(g - 1) % Stages]);
+    if (kt > 0) release(static_cast<int>((g - 1) % Stages));
   }
 }
 
@@ -534,7 +535,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (n > 0) named_bar_sync(1 + w, 256);
     float acc0[64], acc1[64];
     int64_t g = n * ktiles;
-    consume_block<T, kPpStages>(acc0, acc1, full, empty, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, lt == 0);
+    consume_block<T, kPpStages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, [&](int s) {
+      if (lt == 0) mbar_arrive(&empty[s]);
+    });
     if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
@@ -677,7 +680,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     // the main loop, ptxas serializes the wgmmas (C7518, a warpgroup wait in a divergent path).
     if (tj <= ti) {
       float acc0[64], acc1[64];
-      consume_block<T, kStagesC>(acc0, acc1, full, empty, smem, kCoopStageBytes, (1 + w) * kTile, ktiles, g, lt == 0);
+      consume_block<T, kStagesC>(acc0, acc1, full, smem, kCoopStageBytes, (1 + w) * kTile, ktiles, g, [&](int s) {
+        if (lt == 0) mbar_arrive(&empty[s]);
+      });
       wgmma_wait<0>();
       if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
       if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
@@ -708,6 +713,211 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   }
 }
 
+// ---- Persistent ping-pong kernel on CTA pairs (ORTHOPT_SYM_WGMMA_PAIR) ----
+// The ping-pong kernel as it is (producer, 4-stage ring, two consumer warpgroups taking whole
+// 128×128 tiles in turn, register epilogue), run by clusters of two CTAs on two
+// multiprocessors. The two CTAs of a cluster walk one list of tile pairs in step, CTA r taking
+// the pair's tile r; the two tiles share one operand tile (the A tile of block row i, or the B
+// tile of block column j), and each CTA loads one 64-row half of it by TMA multicast into both
+// CTAs' shared memory, and its other operand alone. So each CTA reads 24 KiB per stage from L2
+// instead of 32, as COOP does, while keeping ping-pong's hidden epilogue. A stage is given back
+// to both producers: its consumer warpgroup arrives on its own CTA's "empty" barrier and on the
+// peer's (2 arrivals per phase), because the peer's producer writes into this CTA's stage.
+// Pairs of a matrix (t block rows): row 2p holds the tiles (2p, 1..2p) as p pairs sharing A,
+// row 2p + 1 the tiles (2p + 1, 0..2p + 1) as p + 1 pairs; the tiles (i, 0) of even rows left
+// over are paired down column 0, sharing B: (0, 0) with (2, 0), (4, 0) with (6, 0), ...; when
+// their count is odd the last one is paired with itself (both CTAs compute it, one stores).
+constexpr int kPairCtas = 2;
+constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
+
+struct TilePair {
+  int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
+  bool share_a;      // the tiles share the A tile (same ti) or else the B tile (same tj)
+};
+
+// Pairs of a matrix with t block rows: (t/2)² + (t odd ? t/2 : 0) sharing A, then
+// ceil(ceil(t/2) / 2) down column 0.
+__host__ __device__ inline int64_t pairs_per_matrix(int64_t t) {
+  const int64_t p = t / 2, even_rows = (t + 1) / 2;
+  return p * p + (t % 2 ? p : 0) + (even_rows + 1) / 2;
+}
+
+__device__ __forceinline__ TilePair lower_pair(int64_t idx, int t) {
+  const int64_t P = t / 2, row_pairs = P * P + (t % 2 ? P : 0);
+  TilePair pr;
+  if (idx < row_pairs) {  // row 2p starts at p², row 2p + 1 at p² + p
+    int p = static_cast<int>(sqrt(static_cast<double>(idx)));
+    while (static_cast<int64_t>(p) * p > idx) --p;
+    while (static_cast<int64_t>(p + 1) * (p + 1) <= idx) ++p;
+    const int q = static_cast<int>(idx - static_cast<int64_t>(p) * p);
+    const bool odd_row = q >= p;
+    const int i = odd_row ? 2 * p + 1 : 2 * p, j0 = odd_row ? 2 * (q - p) : 2 * q + 1;
+    pr.ti[0] = pr.ti[1] = i;
+    pr.tj[0] = j0;
+    pr.tj[1] = j0 + 1;
+    pr.share_a = true;
+  } else {
+    const int e = static_cast<int>(idx - row_pairs);
+    pr.ti[0] = 4 * e;
+    pr.ti[1] = 4 * e + 2 < t ? 4 * e + 2 : 4 * e;
+    pr.tj[0] = pr.tj[1] = 0;
+    pr.share_a = false;
+  }
+  return pr;
+}
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r = 0;
+  ORTHOPT_SM90A_ASM("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs: after the barriers are initialized (before any remote arrival or
+// multicast) and before exit (a CTA's shared memory must outlive the peer's arrivals on it).
+__device__ __forceinline__ void cluster_sync() {
+  ORTHOPT_SM90A_ASM("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrival on the barrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  ORTHOPT_SM90A_ASM(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+// tma_load into the same offset of every CTA in cta_mask, completing on each one's barrier at
+// bar's offset.
+__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int k0, int row0,
+                                                   int z, uint16_t cta_mask) {
+  ORTHOPT_SM90A_ASM(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(k0), "r"(row0), "r"(z), "h"(cta_mask)
+      : "memory");
+}
+
+// map_a, map_b: boxes of 64 rows (half tiles); map_c: boxes of 128 rows, as for ping-pong.
+template <typename T, bool CTma>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
+                          T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
+                          int64_t pairs_per_mat, int64_t total_pairs) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
+  uint64_t* empty = full + kPpStages;
+  uint64_t* c_full = empty + kPpStages;
+  uint64_t* c_empty = c_full + 2;
+  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
+  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
+  const int t = (m + kBM - 1) / kBM;
+  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1;
+  const int64_t cluster = blockIdx.x / kPairCtas, clusters = gridDim.x / kPairCtas;
+  auto locate = [&](int64_t n, int* z, TilePair* pr) {
+    const int64_t item = cluster + n * clusters;
+    *z = static_cast<int>(item / pairs_per_mat);
+    *pr = lower_pair(item % pairs_per_mat, t);
+  };
+  const bool c_by_tma = CTma && C != nullptr;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_pairs = (total_pairs - cluster + clusters - 1) / clusters;
+  if (tid == 0) {
+    for (int s = 0; s < kPpStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kPairCtas);  // this CTA's consumer warpgroup and the peer's
+    }
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(&c_full[w], 1);
+      mbar_init(&c_empty[w], 1);
+    }
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync();
+
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (tid == 256) {
+      int64_t g = 0;
+      for (int64_t n = 0; n < my_pairs; ++n) {
+        int z;
+        TilePair pr;
+        locate(n, &z, &pr);
+        const int row0 = pr.ti[rank] * kBM, col0 = pr.tj[rank] * kBM;
+        if (c_by_tma) {  // as in ping-pong: this CTA's tile's C, for the warpgroup that owns it
+          const int w = static_cast<int>(n & 1);
+          const int64_t u = n >> 1;
+          if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
+          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
+          unsigned char* cs = cbuf + w * kCTileBytes;
+          tma_load(cs, &map_c, &c_full[w], col0, row0, z);
+          tma_load(cs + kCTileBytes / 2, &map_c, &c_full[w], col0 + 64, row0, z);
+        }
+        const int half = 64 * static_cast<int>(rank);
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = static_cast<int>(g % kPpStages);
+          const int64_t round = g / kPpStages;
+          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
+          // 32 KiB land here: this CTA's own operand tile, its half of the shared one and the
+          // peer's half (which may land before this expect_tx: the phase still waits for it).
+          mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
+          if (pr.share_a) {
+            tma_load_multicast(tile_a(s) + rank * kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + half, z, 0x3);
+            tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+            tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
+          } else {
+            tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+            tma_load(tile_a(s) + kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + 64, z);
+            tma_load_multicast(tile_b(s) + rank * kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + half, z, 0x3);
+          }
+        }
+      }
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    const int w = wg, lt = tid % 128;
+    for (int64_t n = w; n < my_pairs; n += 2) {
+      int z;
+      TilePair pr;
+      locate(n, &z, &pr);
+      // As in ping-pong: the other warpgroup has issued the last wgmma of pair n - 1.
+      if (n > 0) named_bar_sync(1 + w, 256);
+      float acc0[64], acc1[64];
+      int64_t g = n * ktiles;
+      auto release = [&](int s) {
+        if (lt == 0) {
+          mbar_arrive(&empty[s]);
+          mbar_arrive_cluster(&empty[s], peer);
+        }
+      };
+      consume_block<T, kPpStages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
+      if (n + 1 < my_pairs) named_bar_arrive(1 + (1 - w), 256);
+      wgmma_wait<0>();
+      release(static_cast<int>((g - 1) % kPpStages));
+
+      const unsigned char* cs = nullptr;
+      if (c_by_tma) {
+        cs = cbuf + w * kCTileBytes;
+        mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+      }
+      // A tile paired with itself is stored by rank 0 only.
+      if (rank == 0 || pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1])
+        store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                     D + static_cast<int64_t>(z) * stride_d, m, pr.ti[rank] * kBM, pr.tj[rank] * kBM,
+                                     alpha, beta, diag);
+      if (c_by_tma) {
+        named_bar_sync(3 + w, 128);
+        if (lt == 0) mbar_arrive(&c_empty[w]);
+      }
+    }
+  }
+  cluster_sync();
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
 // binaries still load on machines without a driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -728,14 +938,15 @@ orthopt_status encode_tiled(EncodeTiled* out) {
   return ORTHOPT_OK;
 }
 
-// The map of a batch of row-major [m, k] operands, boxes of kBM rows × kBK columns, 128-byte swizzle.
+// The map of a batch of row-major [m, k] operands, boxes of box_rows rows × kBK columns, 128-byte
+// swizzle.
 orthopt_status make_map(CUtensorMap* map, orthopt_dtype dtype, const void* base, int64_t batch, int64_t m, int64_t k,
-                        int64_t stride) {
+                        int64_t stride, int box_rows = kBM) {
   EncodeTiled encode = nullptr;
   ORTHOPT_STATUS_TRY(encode_tiled(&encode));
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k) * 2, static_cast<cuuint64_t>(stride) * 2};  // bytes
-  const cuuint32_t box[3] = {kBK, kBM, 1};
+  const cuuint32_t box[3] = {kBK, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = encode(map, dtype == ORTHOPT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                             3, const_cast<void*>(base), dims, strides, box, elem_strides,
@@ -813,6 +1024,65 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   return ORTHOPT_OK;
 }
 
+// The pair kernel: clusters of two CTAs, as many as fit at once (cudaOccupancyMaxActiveClusters,
+// once per thread, device and kernel instance), each walking a stride of the pair list.
+template <typename T, bool CTma>
+orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
+                                    const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
+                                    float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
+  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
+  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
+  int sm_count = 0;
+  ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kPairCtas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(kPpThreads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  static thread_local int queried_device = -1, max_clusters = 0;
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  if (queried_device != device) {
+    cfg.gridDim = dim3(static_cast<unsigned>(sm_count / kPairCtas * kPairCtas));
+    ORTHOPT_CUDA_TRY(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg));
+    if (max_clusters < 1)
+      return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: no cluster of 2 CTAs fits for the pair kernel");
+    queried_device = device;
+  }
+  const int64_t clusters = total < max_clusters ? total : max_clusters;
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * kPairCtas));
+  ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_c, C, stride_c, D, stride_d, m, k, alpha, beta,
+                                      diag, per_matrix, total));
+  return ORTHOPT_OK;
+}
+
+template <typename T>
+orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
+                           const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
+                           float diag, void* D, int64_t stride_d, cudaStream_t stream) {
+  CUtensorMap map_a, map_b, map_c;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a, kBM / 2));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b, kBM / 2));
+  const bool c_by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
+  if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
+  else map_c = map_a;  // unused
+  const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
+  const T* c = static_cast<const T*>(C);
+  T* d = static_cast<T*>(D);
+  const int mi = static_cast<int>(m), ki = static_cast<int>(k);
+  if (c_by_tma)
+    return launch_pair_instance<T, true>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
+                                         per_matrix, total, stream);
+  return launch_pair_instance<T, false>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
+                                        per_matrix, total, stream);
+}
+
 }  // namespace
 
 bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
@@ -844,6 +1114,7 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
   };
   auto by_path = [&](auto elem) {
     using T = decltype(elem);
+    if (path == ORTHOPT_SYM_WGMMA_PAIR) return run(launch_pair<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     return run(launch<T>);

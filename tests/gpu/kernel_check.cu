@@ -90,6 +90,7 @@ const char* name(orthopt_sym_path p) {
     case ORTHOPT_SYM_WGMMA: return "wgmma";
     case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
     case ORTHOPT_SYM_WGMMA_COOP: return "wgmma_coop";
+    case ORTHOPT_SYM_WGMMA_PAIR: return "wgmma_pair";
     default: return "blocks";
   }
 }
@@ -1168,8 +1169,9 @@ int main(int argc, char** argv) {
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP}) {
-      const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP;
+                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR}) {
+      const bool persistent =
+          path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP || path == ORTHOPT_SYM_WGMMA_PAIR;
       const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
@@ -1189,10 +1191,14 @@ int main(int argc, char** argv) {
       if (persistent) check_sym(dt, path, 48, 264, 64, true, true, rng);
       // The cooperative kernel with several k-steps per wide tile (the ring wraps) and several
       // wide tiles per CTA, with C (3 stages) and without (4 stages, no C barriers between tiles).
-      if (path == ORTHOPT_SYM_WGMMA_COOP) {
+      // The pair kernel likewise (several pairs per cluster, the ring wrapping within a pair),
+      // and 4 block rows: pairs sharing A and pairs down column 0 with no tile paired with
+      // itself (2, 3, 5, 6 and 8 block rows above and below have one).
+      if (path == ORTHOPT_SYM_WGMMA_COOP || path == ORTHOPT_SYM_WGMMA_PAIR) {
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
       }
+      if (path == ORTHOPT_SYM_WGMMA_PAIR) check_sym(dt, path, 3, 512, 328, true, true, rng);
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
