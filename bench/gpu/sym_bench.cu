@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
     cudaFree(C);
     cudaFree(D);
   }
+  std::printf("pair kernel: %d clusters of 2 CTAs fit at once.\n", orthopt_k::sym_wgmma_pair_clusters());
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, the paths of a shape timed round-robin; TF/s "
               "count the dense 2·m²·k FLOPs.\n\n",
               repeats);

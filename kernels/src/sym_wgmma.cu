@@ -29,7 +29,10 @@
 // without C (bench/results/2026-12-01-h200-coop.md), so AUTO does not take it.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <cstring>
 #include <type_traits>
 
@@ -728,6 +731,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // over are paired down column 0, sharing B: (0, 0) with (2, 0), (4, 0) with (6, 0), ...; when
 // their count is odd the last one is paired with itself (both CTAs compute it, one stores).
 constexpr int kPairCtas = 2;
+std::atomic<int> g_pair_max_clusters{0};  // as found by the last launch (for orthopt_sym_bench)
 constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
 
 struct TilePair {
@@ -798,7 +802,7 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap*
 }
 
 // map_a, map_b: boxes of 64 rows (half tiles); map_c: boxes of 128 rows, as for ping-pong.
-template <typename T, bool CTma>
+template <typename T, bool CTma, int Stages>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
@@ -806,10 +810,10 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                           int64_t pairs_per_mat, int64_t total_pairs) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
+  unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
   uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
-  uint64_t* empty = full + kPpStages;
-  uint64_t* c_full = empty + kPpStages;
+  uint64_t* empty = full + Stages;
+  uint64_t* c_full = empty + Stages;
   uint64_t* c_empty = c_full + 2;
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
@@ -827,7 +831,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = (total_pairs - cluster + clusters - 1) / clusters;
   if (tid == 0) {
-    for (int s = 0; s < kPpStages; ++s) {
+    for (int s = 0; s < Stages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kPairCtas);  // this CTA's consumer warpgroup and the peer's
     }
@@ -859,8 +863,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         }
         const int half = 64 * static_cast<int>(rank);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % kPpStages);
-          const int64_t round = g / kPpStages;
+          const int s = static_cast<int>(g % Stages);
+          const int64_t round = g / Stages;
           if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
           // 32 KiB land here: this CTA's own operand tile, its half of the shared one and the
           // peer's half (which may land before this expect_tx: the phase still waits for it).
@@ -894,10 +898,10 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           mbar_arrive_cluster(&empty[s], peer);
         }
       };
-      consume_block<T, kPpStages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
+      consume_block<T, Stages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
       if (n + 1 < my_pairs) named_bar_arrive(1 + (1 - w), 256);
       wgmma_wait<0>();
-      release(static_cast<int>((g - 1) % kPpStages));
+      release(static_cast<int>((g - 1) % Stages));
 
       const unsigned char* cs = nullptr;
       if (c_by_tma) {
@@ -1026,12 +1030,34 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
 
 // The pair kernel: clusters of two CTAs, as many as fit at once (cudaOccupancyMaxActiveClusters,
 // once per thread, device and kernel instance), each walking a stride of the pair list.
-template <typename T, bool CTma>
+template <bool CTma, int Stages>
+constexpr size_t pair_smem_bytes() {
+  return 1024 + size_t(Stages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * Stages + 4) * sizeof(uint64_t);
+}
+// The ring's depth: 4 stages as ping-pong, or ORTHOPT_SYM_PAIR_STAGES=deep: 6 (5 with C by TMA),
+// for the longer round trip of a stage given back to two producers (experiment).
+bool pair_deep_ring() {
+  static const bool deep = [] {
+    const char* v = std::getenv("ORTHOPT_SYM_PAIR_STAGES");
+    return v && std::string_view(v) == "deep";
+  }();
+  return deep;
+}
+// ORTHOPT_SYM_PAIR_CLUSTERS=n launches n clusters instead of as many as fit at once (experiment).
+int pair_clusters_override() {
+  static const int n = [] {
+    const char* v = std::getenv("ORTHOPT_SYM_PAIR_CLUSTERS");
+    return v ? std::atoi(v) : 0;
+  }();
+  return n;
+}
+
+template <typename T, bool CTma, int Stages>
 orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                                     const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
                                     float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
-  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
-  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
+  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma, Stages>;
+  constexpr size_t smem_bytes = pair_smem_bytes<CTma, Stages>();
   int sm_count = 0;
   ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
   cudaLaunchAttribute attr[1];
@@ -1055,7 +1081,9 @@ orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap&
       return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: no cluster of 2 CTAs fits for the pair kernel");
     queried_device = device;
   }
-  const int64_t clusters = total < max_clusters ? total : max_clusters;
+  g_pair_max_clusters = max_clusters;
+  const int64_t fit = pair_clusters_override() > 0 ? pair_clusters_override() : max_clusters;
+  const int64_t clusters = total < fit ? total : fit;
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * kPairCtas));
   ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_c, C, stride_c, D, stride_d, m, k, alpha, beta,
                                       diag, per_matrix, total));
@@ -1076,14 +1104,19 @@ orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
   const T* c = static_cast<const T*>(C);
   T* d = static_cast<T*>(D);
   const int mi = static_cast<int>(m), ki = static_cast<int>(k);
+  auto run = [&](auto c_tma, auto stages) {
+    return launch_pair_instance<T, decltype(c_tma)::value, decltype(stages)::value>(
+        map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag, per_matrix, total, stream);
+  };
+  using I4 = std::integral_constant<int, 4>;
   if (c_by_tma)
-    return launch_pair_instance<T, true>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
-                                         per_matrix, total, stream);
-  return launch_pair_instance<T, false>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
-                                        per_matrix, total, stream);
+    return pair_deep_ring() ? run(std::true_type{}, std::integral_constant<int, 5>{}) : run(std::true_type{}, I4{});
+  return pair_deep_ring() ? run(std::false_type{}, std::integral_constant<int, 6>{}) : run(std::false_type{}, I4{});
 }
 
 }  // namespace
+
+int sym_wgmma_pair_clusters() { return g_pair_max_clusters.load(); }
 
 bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
   int device = 0, major = 0, minor = 0;
