@@ -733,6 +733,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 constexpr int kPairCtas = 2;
 std::atomic<int> g_pair_max_clusters{0};  // as found by the last launch (for orthopt_sym_bench)
 constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
+// Experiment switches (ORTHOPT_SYM_PAIR_VARIANT, a bit mask; 0 is the kernel as described):
+constexpr int kPairClusterRelease = 1;  // stage releases to the peer with cluster-scope release
+constexpr int kPairNoMulticast = 2;     // no multicast: each CTA loads both its tiles whole
 
 struct TilePair {
   int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
@@ -780,15 +783,28 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 __device__ __forceinline__ void cluster_sync() {
   ORTHOPT_SM90A_ASM("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// Arrival on the barrier at the same shared-memory offset in CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  ORTHOPT_SM90A_ASM(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
+// Arrival on the barrier at the same shared-memory offset in CTA `rank` of the cluster, with
+// release semantics at CTA scope (PTX's default; what CUTLASS's cluster barriers use) or, with
+// cluster_scope, at cluster scope (experiment: a cluster-scope release may wait for the
+// thread's outstanding memory operations).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank, bool cluster_scope) {
+  if (cluster_scope) {
+    ORTHOPT_SM90A_ASM(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(rank)
+        : "memory");
+  } else {
+    ORTHOPT_SM90A_ASM(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(rank)
+        : "memory");
+  }
 }
 // tma_load into the same offset of every CTA in cta_mask, completing on each one's barrier at
 // bar's offset.
@@ -807,7 +823,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
                           T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
-                          int64_t pairs_per_mat, int64_t total_pairs) {
+                          int64_t pairs_per_mat, int64_t total_pairs, int variant) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
@@ -869,7 +885,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           // 32 KiB land here: this CTA's own operand tile, its half of the shared one and the
           // peer's half (which may land before this expect_tx: the phase still waits for it).
           mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
-          if (pr.share_a) {
+          if (variant & kPairNoMulticast) {  // experiment: each CTA loads its own tiles whole
+            tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+            tma_load(tile_a(s) + kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + 64, z);
+            tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+            tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
+          } else if (pr.share_a) {
             tma_load_multicast(tile_a(s) + rank * kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + half, z, 0x3);
             tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
             tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
@@ -895,7 +916,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       auto release = [&](int s) {
         if (lt == 0) {
           mbar_arrive(&empty[s]);
-          mbar_arrive_cluster(&empty[s], peer);
+          mbar_arrive_cluster(&empty[s], peer, variant & kPairClusterRelease);
         }
       };
       consume_block<T, Stages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
@@ -1052,6 +1073,14 @@ int pair_clusters_override() {
   return n;
 }
 
+int pair_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("ORTHOPT_SYM_PAIR_VARIANT");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <typename T, bool CTma, int Stages>
 orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                                     const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
@@ -1086,7 +1115,7 @@ orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap&
   const int64_t clusters = total < fit ? total : fit;
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * kPairCtas));
   ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_c, C, stride_c, D, stride_d, m, k, alpha, beta,
-                                      diag, per_matrix, total));
+                                      diag, per_matrix, total, pair_variant()));
   return ORTHOPT_OK;
 }
 
