@@ -21,18 +21,20 @@
 // cores, at about half of the L2 throughput cuBLAS reaches, so operand bandwidth was not the
 // limit. Tried on the H200 and dropped (commit bf34eab has them): 128×256 tiles, one CTA per
 // SM (0.93x the time at 8192², slower on every other shape), and 2×2 clusters multicasting
-// operand halves (2–3x slower). Of the persistent kernel (Nsight Compute, 88×2048²): tensor
-// cores 63% busy at 76% of L2 throughput (cuBLAS's dense 256×128 kernel: 93% at 57%), so its
-// 128×128 tiles now are L2-bound. A third, cooperative kernel (ORTHOPT_SYM_WGMMA_COOP, last in
+// operand halves (2–3x slower; the likely cause, found with the pair kernel below: its remote
+// stage releases had cluster-scope release semantics). Of the persistent kernel (Nsight
+// Compute, 88×2048²): tensor cores 63% busy at 76% of L2 throughput (cuBLAS's dense 256×128
+// kernel: 93% at 57%), which suggested that its 128×128 tiles were L2-bound. A third, cooperative kernel (ORTHOPT_SYM_WGMMA_COOP, last in
 // this file) has both consumer warpgroups share the A tile of a 128×256 wide tile: 25% fewer
 // operand bytes, but the epilogue is exposed, and on an H200 it was faster only at 8192²
-// without C (bench/results/2026-12-01-h200-coop.md), so AUTO does not take it.
+// without C (bench/results/2026-12-01-h200-coop.md), so AUTO does not take it. A fourth
+// (ORTHOPT_SYM_WGMMA_PAIR, last) keeps ping-pong and has CTA pairs share one operand tile by
+// multicast: 25% fewer L2 bytes per CTA and no faster (bench/results/2026-12-01-h200-pair.md),
+// so L2 bytes are not what limits ping-pong.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <cstring>
 #include <type_traits>
 
@@ -730,12 +732,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // row 2p + 1 the tiles (2p + 1, 0..2p + 1) as p + 1 pairs; the tiles (i, 0) of even rows left
 // over are paired down column 0, sharing B: (0, 0) with (2, 0), (4, 0) with (6, 0), ...; when
 // their count is odd the last one is paired with itself (both CTAs compute it, one stores).
+// On an H200 it took 1.02-1.11x ping-pong's time (4096² 0.136 vs 0.133 ms, 8192² 1.077 vs
+// 0.995, 88×2048² 1.61 vs 1.46), and the same with each CTA loading its tiles whole (same
+// coupling, no multicast): the fewer L2 bytes bought nothing, so AUTO does not take it.
 constexpr int kPairCtas = 2;
 std::atomic<int> g_pair_max_clusters{0};  // as found by the last launch (for orthopt_sym_bench)
 constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
-// Experiment switches (ORTHOPT_SYM_PAIR_VARIANT, a bit mask; 0 is the kernel as described):
-constexpr int kPairClusterRelease = 1;  // stage releases to the peer with cluster-scope release
-constexpr int kPairNoMulticast = 2;     // no multicast: each CTA loads both its tiles whole
 
 struct TilePair {
   int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
@@ -784,27 +786,18 @@ __device__ __forceinline__ void cluster_sync() {
   ORTHOPT_SM90A_ASM("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 // Arrival on the barrier at the same shared-memory offset in CTA `rank` of the cluster, with
-// release semantics at CTA scope (PTX's default; what CUTLASS's cluster barriers use) or, with
-// cluster_scope, at cluster scope (experiment: a cluster-scope release may wait for the
-// thread's outstanding memory operations).
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank, bool cluster_scope) {
-  if (cluster_scope) {
-    ORTHOPT_SM90A_ASM(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(rank)
-        : "memory");
-  } else {
-    ORTHOPT_SM90A_ASM(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(rank)
-        : "memory");
-  }
+// PTX's default semantics (release at CTA scope, as CUTLASS's cluster barriers): the stage's
+// wgmmas have completed, so the peer's TMA cannot overwrite operands still being read. With
+// release at cluster scope (.release.cluster) the kernel took 1.9-2.2x as long on an H200
+// (bench/results/2026-12-01-h200-pair.md); the 2×2-cluster kernel of bf34eab had that arrival.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  ORTHOPT_SM90A_ASM(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
 }
 // tma_load into the same offset of every CTA in cta_mask, completing on each one's barrier at
 // bar's offset.
@@ -818,18 +811,18 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap*
 }
 
 // map_a, map_b: boxes of 64 rows (half tiles); map_c: boxes of 128 rows, as for ping-pong.
-template <typename T, bool CTma, int Stages>
+template <typename T, bool CTma>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
                           T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
-                          int64_t pairs_per_mat, int64_t total_pairs, int variant) {
+                          int64_t pairs_per_mat, int64_t total_pairs) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = smem + size_t(Stages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
+  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
   uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
-  uint64_t* empty = full + Stages;
-  uint64_t* c_full = empty + Stages;
+  uint64_t* empty = full + kPpStages;
+  uint64_t* c_full = empty + kPpStages;
   uint64_t* c_empty = c_full + 2;
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
@@ -847,7 +840,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = (total_pairs - cluster + clusters - 1) / clusters;
   if (tid == 0) {
-    for (int s = 0; s < Stages; ++s) {
+    for (int s = 0; s < kPpStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kPairCtas);  // this CTA's consumer warpgroup and the peer's
     }
@@ -879,18 +872,13 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         }
         const int half = 64 * static_cast<int>(rank);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % Stages);
-          const int64_t round = g / Stages;
+          const int s = static_cast<int>(g % kPpStages);
+          const int64_t round = g / kPpStages;
           if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
           // 32 KiB land here: this CTA's own operand tile, its half of the shared one and the
           // peer's half (which may land before this expect_tx: the phase still waits for it).
           mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
-          if (variant & kPairNoMulticast) {  // experiment: each CTA loads its own tiles whole
-            tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
-            tma_load(tile_a(s) + kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + 64, z);
-            tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
-            tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
-          } else if (pr.share_a) {
+          if (pr.share_a) {
             tma_load_multicast(tile_a(s) + rank * kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + half, z, 0x3);
             tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
             tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
@@ -916,13 +904,13 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       auto release = [&](int s) {
         if (lt == 0) {
           mbar_arrive(&empty[s]);
-          mbar_arrive_cluster(&empty[s], peer, variant & kPairClusterRelease);
+          mbar_arrive_cluster(&empty[s], peer);
         }
       };
-      consume_block<T, Stages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
+      consume_block<T, kPpStages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, release);
       if (n + 1 < my_pairs) named_bar_arrive(1 + (1 - w), 256);
       wgmma_wait<0>();
-      release(static_cast<int>((g - 1) % Stages));
+      release(static_cast<int>((g - 1) % kPpStages));
 
       const unsigned char* cs = nullptr;
       if (c_by_tma) {
@@ -1051,42 +1039,12 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
 
 // The pair kernel: clusters of two CTAs, as many as fit at once (cudaOccupancyMaxActiveClusters,
 // once per thread, device and kernel instance), each walking a stride of the pair list.
-template <bool CTma, int Stages>
-constexpr size_t pair_smem_bytes() {
-  return 1024 + size_t(Stages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * Stages + 4) * sizeof(uint64_t);
-}
-// The ring's depth: 4 stages as ping-pong, or ORTHOPT_SYM_PAIR_STAGES=deep: 6 (5 with C by TMA),
-// for the longer round trip of a stage given back to two producers (experiment).
-bool pair_deep_ring() {
-  static const bool deep = [] {
-    const char* v = std::getenv("ORTHOPT_SYM_PAIR_STAGES");
-    return v && std::string_view(v) == "deep";
-  }();
-  return deep;
-}
-// ORTHOPT_SYM_PAIR_CLUSTERS=n launches n clusters instead of as many as fit at once (experiment).
-int pair_clusters_override() {
-  static const int n = [] {
-    const char* v = std::getenv("ORTHOPT_SYM_PAIR_CLUSTERS");
-    return v ? std::atoi(v) : 0;
-  }();
-  return n;
-}
-
-int pair_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("ORTHOPT_SYM_PAIR_VARIANT");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
-template <typename T, bool CTma, int Stages>
+template <typename T, bool CTma>
 orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                                     const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
                                     float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
-  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma, Stages>;
-  constexpr size_t smem_bytes = pair_smem_bytes<CTma, Stages>();
+  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
+  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
   int sm_count = 0;
   ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
   cudaLaunchAttribute attr[1];
@@ -1111,11 +1069,10 @@ orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap&
     queried_device = device;
   }
   g_pair_max_clusters = max_clusters;
-  const int64_t fit = pair_clusters_override() > 0 ? pair_clusters_override() : max_clusters;
-  const int64_t clusters = total < fit ? total : fit;
+  const int64_t clusters = total < max_clusters ? total : max_clusters;
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * kPairCtas));
   ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_c, C, stride_c, D, stride_d, m, k, alpha, beta,
-                                      diag, per_matrix, total, pair_variant()));
+                                      diag, per_matrix, total));
   return ORTHOPT_OK;
 }
 
@@ -1133,14 +1090,11 @@ orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
   const T* c = static_cast<const T*>(C);
   T* d = static_cast<T*>(D);
   const int mi = static_cast<int>(m), ki = static_cast<int>(k);
-  auto run = [&](auto c_tma, auto stages) {
-    return launch_pair_instance<T, decltype(c_tma)::value, decltype(stages)::value>(
-        map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag, per_matrix, total, stream);
-  };
-  using I4 = std::integral_constant<int, 4>;
   if (c_by_tma)
-    return pair_deep_ring() ? run(std::true_type{}, std::integral_constant<int, 5>{}) : run(std::true_type{}, I4{});
-  return pair_deep_ring() ? run(std::false_type{}, std::integral_constant<int, 6>{}) : run(std::false_type{}, I4{});
+    return launch_pair_instance<T, true>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
+                                         per_matrix, total, stream);
+  return launch_pair_instance<T, false>(map_a, map_b, map_c, c, stride_c, d, stride_d, mi, ki, alpha, beta, diag,
+                                        per_matrix, total, stream);
 }
 
 }  // namespace
