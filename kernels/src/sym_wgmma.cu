@@ -455,10 +455,83 @@ __device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[6
   }
 }
 
+// Barriers of the ping-pong ring (used by the pair kernel too): full[s] (one arrival, the
+// producer's, plus the bytes), empty[s] (empty_arrivals per phase), and per consumer warpgroup
+// c_full (its C tile has landed) and c_empty (it has read its C tile).
+template <int Stages>
+__device__ __forceinline__ void init_pingpong_barriers(uint64_t* full, uint64_t* empty, uint64_t* c_full,
+                                                       uint64_t* c_empty, int empty_arrivals) {
+  for (int s = 0; s < Stages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], empty_arrivals);
+  }
+  for (int w = 0; w < 2; ++w) {
+    mbar_init(&c_full[w], 1);
+    mbar_init(&c_empty[w], 1);
+  }
+  ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Producer: the C tile (row0, col0) of the CTA's tile n into the buffer of the warpgroup that
+// owns it (n mod 2), once that warpgroup has read tile n - 2's.
+__device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, const CUtensorMap* map_c, uint64_t* c_full,
+                                            uint64_t* c_empty, int row0, int col0, int z) {
+  const int w = static_cast<int>(n & 1);
+  const int64_t u = n >> 1;
+  if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
+  mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
+  unsigned char* cs = cbuf + w * kCTileBytes;
+  tma_load(cs, map_c, &c_full[w], col0, row0, z);
+  tma_load(cs + kCTileBytes / 2, map_c, &c_full[w], col0 + 64, row0, z);
+}
+
+// Consumer warpgroup w: the epilogue of its tile n at (row0, col0) of matrix z, with C from its
+// TMA buffer (c_by_tma), from global memory (C without CTma) or none; store = false skips the
+// stores but still takes part in the C buffer's barriers.
+template <typename T, bool CTma>
+__device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], const float (&acc1)[64], int64_t n, int w,
+                                                     bool c_by_tma, unsigned char* cbuf, uint64_t* c_full,
+                                                     uint64_t* c_empty, const T* C, int64_t stride_c, T* D,
+                                                     int64_t stride_d, int z, int m, int row0, int col0, float alpha,
+                                                     float beta, float diag, bool store) {
+  const unsigned char* cs = nullptr;
+  if (c_by_tma) {
+    cs = cbuf + w * kCTileBytes;
+    mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+  }
+  if (store)
+    store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
+  if (c_by_tma) {
+    named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read the C tile
+    if (threadIdx.x % 128 == 0) mbar_arrive(&c_empty[w]);
+  }
+}
+
 constexpr int kPpStages = 4;  // 4, 5, 6, 7 measured on an H200 (with this epilogue): 4 fastest
 template <bool CTma>
 constexpr size_t pp_smem_bytes() {
   return 1024 + size_t(kPpStages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * kPpStages + 4) * sizeof(uint64_t);
+}
+
+// The ping-pong ring's shared memory (the pair kernel's too), from a 1024-byte aligned start:
+// kPpStages stages of A and B tiles, with CTma one C tile per consumer warpgroup, then the
+// barriers of init_pingpong_barriers.
+struct PingPongSmem {
+  unsigned char* ring;
+  unsigned char* cbuf;
+  uint64_t *full, *empty, *c_full, *c_empty;  // [kPpStages], [kPpStages], [2], [2]
+};
+template <bool CTma>
+__device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_raw) {
+  PingPongSmem sh;
+  sh.ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  sh.cbuf = sh.ring + size_t(kPpStages) * kPpStageBytes;
+  sh.full = reinterpret_cast<uint64_t*>(sh.cbuf + (CTma ? 2 * kCTileBytes : 0));
+  sh.empty = sh.full + kPpStages;
+  sh.c_full = sh.empty + kPpStages;
+  sh.c_empty = sh.c_full + 2;
+  return sh;
 }
 
 template <typename T, bool CTma>
@@ -468,12 +541,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                               T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
                               int64_t tiles_per_mat, int64_t total_tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
-  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
-  uint64_t* empty = full + kPpStages;
-  uint64_t* c_full = empty + kPpStages;  // [2]: the warpgroup's C tile has landed
-  uint64_t* c_empty = c_full + 2;     // [2]: the warpgroup has read its C tile
+  const PingPongSmem sh = carve_pingpong_smem<CTma>(smem_raw);
+  unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
+  uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
@@ -488,17 +558,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < kPpStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
-    }
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(&c_full[w], 1);
-      mbar_init(&c_empty[w], 1);
-    }
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) init_pingpong_barriers<kPpStages>(full, empty, c_full, c_empty, 1);
   __syncthreads();
 
   if (wg == 2) {
@@ -508,15 +568,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       for (int64_t n = 0; n < my_tiles; ++n) {
         int z, row0, col0;
         locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
-        if (c_by_tma) {  // tile n's C into its warpgroup's buffer once that has read tile n - 2's
-          const int w = static_cast<int>(n & 1);
-          const int64_t u = n >> 1;
-          if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
-          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
-          unsigned char* cs = cbuf + w * kCTileBytes;
-          tma_load(cs, &map_c, &c_full[w], col0, row0, z);
-          tma_load(cs + kCTileBytes / 2, &map_c, &c_full[w], col0 + 64, row0, z);
-        }
+        if (c_by_tma) load_c_tile(n, cbuf, &map_c, c_full, c_empty, row0, col0, z);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
           const int s = static_cast<int>(g % kPpStages);
           const int64_t round = g / kPpStages;
@@ -547,17 +599,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
 
-    const unsigned char* cs = nullptr;
-    if (c_by_tma) {
-      cs = cbuf + w * kCTileBytes;
-      mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
-    }
-    store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
-    if (c_by_tma) {
-      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read the C tile
-      if (lt == 0) mbar_arrive(&c_empty[w]);
-    }
+    finish_pingpong_tile<T, CTma>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d, z, m,
+                                  row0, col0, alpha, beta, diag, true);
   }
 }
 
@@ -818,12 +861,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                           T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
                           int64_t pairs_per_mat, int64_t total_pairs) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = smem + size_t(kPpStages) * kPpStageBytes;  // CTma: one C tile per consumer warpgroup
-  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
-  uint64_t* empty = full + kPpStages;
-  uint64_t* c_full = empty + kPpStages;
-  uint64_t* c_empty = c_full + 2;
+  const PingPongSmem sh = carve_pingpong_smem<CTma>(smem_raw);
+  unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
+  uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
   auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
   auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
   const int t = (m + kBM - 1) / kBM;
@@ -839,17 +879,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = (total_pairs - cluster + clusters - 1) / clusters;
-  if (tid == 0) {
-    for (int s = 0; s < kPpStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kPairCtas);  // this CTA's consumer warpgroup and the peer's
-    }
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(&c_full[w], 1);
-      mbar_init(&c_empty[w], 1);
-    }
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  // empty: this CTA's consumer warpgroup and the peer's arrive.
+  if (tid == 0) init_pingpong_barriers<kPpStages>(full, empty, c_full, c_empty, kPairCtas);
   cluster_sync();
 
   if (wg == 2) {
@@ -861,15 +892,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         TilePair pr;
         locate(n, &z, &pr);
         const int row0 = pr.ti[rank] * kBM, col0 = pr.tj[rank] * kBM;
-        if (c_by_tma) {  // as in ping-pong: this CTA's tile's C, for the warpgroup that owns it
-          const int w = static_cast<int>(n & 1);
-          const int64_t u = n >> 1;
-          if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
-          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
-          unsigned char* cs = cbuf + w * kCTileBytes;
-          tma_load(cs, &map_c, &c_full[w], col0, row0, z);
-          tma_load(cs + kCTileBytes / 2, &map_c, &c_full[w], col0 + 64, row0, z);
-        }
+        if (c_by_tma) load_c_tile(n, cbuf, &map_c, c_full, c_empty, row0, col0, z);
         const int half = 64 * static_cast<int>(rank);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
           const int s = static_cast<int>(g % kPpStages);
@@ -912,20 +935,10 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       wgmma_wait<0>();
       release(static_cast<int>((g - 1) % kPpStages));
 
-      const unsigned char* cs = nullptr;
-      if (c_by_tma) {
-        cs = cbuf + w * kCTileBytes;
-        mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
-      }
       // A tile paired with itself is stored by rank 0 only.
-      if (rank == 0 || pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1])
-        store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                     D + static_cast<int64_t>(z) * stride_d, m, pr.ti[rank] * kBM, pr.tj[rank] * kBM,
-                                     alpha, beta, diag);
-      if (c_by_tma) {
-        named_bar_sync(3 + w, 128);
-        if (lt == 0) mbar_arrive(&c_empty[w]);
-      }
+      const bool store = rank == 0 || pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
+      finish_pingpong_tile<T, CTma>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d, z, m,
+                                    pr.ti[rank] * kBM, pr.tj[rank] * kBM, alpha, beta, diag, store);
     }
   }
   cluster_sync();
