@@ -9,8 +9,7 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop|wgmma_pair forces a path
-// for AUTO
-// (experiments, A/B timings).
+// for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
