@@ -33,8 +33,14 @@ at::Tensor gram_product(const at::Tensor& X, const Precision& p, const at::Tenso
   }
 #endif
   auto x = wide(X, p);
-  const at::Tensor R = narrow(at::bmm(x, x.transpose(-2, -1)), p);
-  return out.defined() ? out.copy_(R) : R;
+  if (!out.defined()) return narrow(at::bmm(x, x.transpose(-2, -1)), p);
+  // Into the caller's slice: written in place, or (emulated 16-bit) rounded once by the copy,
+  // as .to() would round it.
+  if (!p.emulate) {
+    at::Tensor o = out;  // a handle on the same storage (bmm_out takes a non-const reference)
+    return at::bmm_out(o, x, x.transpose(-2, -1));
+  }
+  return out.copy_(at::bmm(x, x.transpose(-2, -1)));
 }
 
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
