@@ -56,7 +56,8 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                               cudaStream_t stream);
-// Clusters of two CTAs of the pair kernel that fit at once, as its last launch found (0 before).
+// Clusters of two CTAs of the pair kernel (bf16, without C by TMA) that fit at once on the
+// current device (0 when the query fails).
 int sym_wgmma_pair_clusters();
 // path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP
 // or ORTHOPT_SYM_WGMMA_PAIR (the persistent kernels).

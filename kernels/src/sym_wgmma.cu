@@ -33,7 +33,6 @@
 // so L2 bytes are not what limits ping-pong.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -779,7 +778,6 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // 0.995, 88×2048² 1.61 vs 1.46), and the same with each CTA loading its tiles whole (same
 // coupling, no multicast): the fewer L2 bytes bought nothing, so AUTO does not take it.
 constexpr int kPairCtas = 2;
-std::atomic<int> g_pair_max_clusters{0};  // as found by the last launch (for orthopt_sym_bench)
 constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
 
 struct TilePair {
@@ -1017,6 +1015,19 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
+// C by TMA where TMA can address it (m % 8 == 0, 16-byte aligned base and batch stride): a batch
+// of [m, m] operands in boxes of 128 rows × 64 columns, *by_tma set. Otherwise (or without C) the
+// kernels read C from global memory, and *map_c is a zeroed, unused parameter.
+orthopt_status make_c_map(CUtensorMap* map_c, bool* by_tma, orthopt_dtype dtype, const void* C, int64_t batch,
+                          int64_t m, int64_t stride_c) {
+  *by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
+  if (!*by_tma) {
+    *map_c = CUtensorMap{};
+    return ORTHOPT_OK;
+  }
+  return make_map(map_c, dtype, C, batch, m, m, stride_c);
+}
+
 // The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
 // one grid of min(tiles, SMs) CTAs of the kernel instance for this C path.
 template <typename T, bool Coop>
@@ -1027,10 +1038,8 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
-  // C by TMA: a batch of [m, m] operands in the same boxes of 128 rows × 64 columns.
-  const bool c_by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
-  if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
-  else map_c = map_a;  // unused
+  bool c_by_tma = false;
+  ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = Coop ? wide_tiles(t) : t * (t + 1) / 2;
   const int64_t total = per_matrix * batch;
   auto run = [&](auto c_tma) -> orthopt_status {
@@ -1050,39 +1059,55 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   return ORTHOPT_OK;
 }
 
-// The pair kernel: clusters of two CTAs, as many as fit at once (cudaOccupancyMaxActiveClusters,
-// once per thread, device and kernel instance), each walking a stride of the pair list.
-template <typename T, bool CTma>
-orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
-                                    const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
-                                    float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
-  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
-  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
-  int sm_count = 0;
-  ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kPairCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+// The launch configuration of the pair kernel: clusters of kPairCtas CTAs along x (attr holds
+// the attribute and must outlive the configuration); gridDim is the caller's.
+cudaLaunchConfig_t pair_config(cudaLaunchAttribute* attr, size_t smem_bytes, cudaStream_t stream) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = kPairCtas;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
   cfg.blockDim = dim3(kPpThreads);
   cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  static thread_local int queried_device = -1, max_clusters = 0;
+  return cfg;
+}
+
+// How many clusters of this pair kernel instance fit on the current device at once
+// (cudaOccupancyMaxActiveClusters), once per thread, device and instance.
+template <auto Kernel>
+orthopt_status max_pair_clusters(size_t smem_bytes, int* out) {
+  int sm_count = 0;
+  ORTHOPT_STATUS_TRY(configure_once<Kernel>(smem_bytes, &sm_count));
+  static thread_local int queried_device = -1, clusters = 0;
   int device = 0;
   ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
   if (queried_device != device) {
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = pair_config(&attr, smem_bytes, nullptr);
     cfg.gridDim = dim3(static_cast<unsigned>(sm_count / kPairCtas * kPairCtas));
-    ORTHOPT_CUDA_TRY(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg));
-    if (max_clusters < 1)
-      return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: no cluster of 2 CTAs fits for the pair kernel");
+    ORTHOPT_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg));
+    if (clusters < 1) return fail(ORTHOPT_ERR_CUDA, "orthopt_sym_abt: no cluster of 2 CTAs fits for the pair kernel");
     queried_device = device;
   }
-  g_pair_max_clusters = max_clusters;
+  *out = clusters;
+  return ORTHOPT_OK;
+}
+
+// The pair kernel: as many clusters as fit at once, each walking a stride of the pair list.
+template <typename T, bool CTma>
+orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
+                                    const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
+                                    float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
+  constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
+  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
+  int max_clusters = 0;
+  ORTHOPT_STATUS_TRY(max_pair_clusters<kernel>(smem_bytes, &max_clusters));
   const int64_t clusters = total < max_clusters ? total : max_clusters;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = pair_config(&attr, smem_bytes, stream);
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * kPairCtas));
   ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_c, C, stride_c, D, stride_d, m, k, alpha, beta,
                                       diag, per_matrix, total));
@@ -1096,9 +1121,8 @@ orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
   CUtensorMap map_a, map_b, map_c;
   ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a, kBM / 2));
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b, kBM / 2));
-  const bool c_by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
-  if (c_by_tma) ORTHOPT_STATUS_TRY(make_map(&map_c, dtype, C, batch, m, m, stride_c));
-  else map_c = map_a;  // unused
+  bool c_by_tma = false;
+  ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
   const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
   const T* c = static_cast<const T*>(C);
   T* d = static_cast<T*>(D);
@@ -1112,7 +1136,11 @@ orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 
 }  // namespace
 
-int sym_wgmma_pair_clusters() { return g_pair_max_clusters.load(); }
+int sym_wgmma_pair_clusters() {
+  int clusters = 0;
+  constexpr auto kernel = sym_wgmma_pair_kernel<__nv_bfloat16, false>;
+  return max_pair_clusters<kernel>(pp_smem_bytes<false>(), &clusters) == ORTHOPT_OK ? clusters : 0;
+}
 
 bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
   int device = 0, major = 0, minor = 0;
