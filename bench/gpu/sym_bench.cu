@@ -130,12 +130,7 @@ int main(int argc, char** argv) {
                  tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10], tpair = t[11], tpairc = t[12];
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
-    const char* ap_name = ap == ORTHOPT_SYM_WGMMA_PAIR       ? "wgmma_pair"
-                          : ap == ORTHOPT_SYM_WGMMA_COOP     ? "wgmma_coop"
-                          : ap == ORTHOPT_SYM_WGMMA_PINGPONG ? "wgmma_pingpong"
-                          : ap == ORTHOPT_SYM_WGMMA          ? "wgmma"
-                          : ap == ORTHOPT_SYM_BLOCKS         ? "blocks"
-                                                             : "dense";
+    const char* ap_name = orthopt_k::sym_path_name(ap);
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
                 "| %.3f | %s | %.2f | %.0f | %.0f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,

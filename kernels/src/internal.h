@@ -56,6 +56,8 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                               cudaStream_t stream);
+// A path's name, as ORTHOPT_SYM_PATH takes it and the benchmarks print it ("auto" for AUTO).
+const char* sym_path_name(orthopt_sym_path path);
 // Clusters of two CTAs of the pair kernel (bf16, without C by TMA) that fit at once on the
 // current device (0 when the query fails).
 int sym_wgmma_pair_clusters();

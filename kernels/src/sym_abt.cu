@@ -8,20 +8,15 @@ using namespace orthopt_k;
 
 namespace {
 
-// ORTHOPT_SYM_PATH=blocks|native|dense|wgmma|wgmma_pingpong|wgmma_coop|wgmma_pair forces a path
-// for AUTO (experiments, A/B timings).
+// ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
+// wgmma_coop, wgmma_pair) forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
     if (!v) return ORTHOPT_SYM_AUTO;
-    const std::string_view s(v);
-    if (s == "native") return ORTHOPT_SYM_NATIVE;
-    if (s == "blocks") return ORTHOPT_SYM_BLOCKS;
-    if (s == "dense") return ORTHOPT_SYM_DENSE;
-    if (s == "wgmma") return ORTHOPT_SYM_WGMMA;
-    if (s == "wgmma_pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
-    if (s == "wgmma_coop") return ORTHOPT_SYM_WGMMA_COOP;
-    if (s == "wgmma_pair") return ORTHOPT_SYM_WGMMA_PAIR;
+    for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
+                               ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR})
+      if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
@@ -42,6 +37,20 @@ orthopt_sym_path persistent_override() {
 }  // namespace
 
 namespace orthopt_k {
+
+const char* sym_path_name(orthopt_sym_path path) {
+  switch (path) {
+    case ORTHOPT_SYM_AUTO: return "auto";
+    case ORTHOPT_SYM_BLOCKS: return "blocks";
+    case ORTHOPT_SYM_NATIVE: return "native";
+    case ORTHOPT_SYM_DENSE: return "dense";
+    case ORTHOPT_SYM_WGMMA: return "wgmma";
+    case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
+    case ORTHOPT_SYM_WGMMA_COOP: return "wgmma_coop";
+    case ORTHOPT_SYM_WGMMA_PAIR: return "wgmma_pair";
+  }
+  return "?";
+}
 
 // Measured on an H200 (2026-12-01, bench/results/2026-12-01-h200-sym-products.md; dense cuBLAS,
 // cuBLASLt, blocks, native and both wgmma kernels in one run): the persistent ping-pong kernel

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "orthopt_kernels.h"
+#include "../../kernels/src/internal.h"  // sym_path_name
 
 namespace {
 
@@ -83,17 +84,7 @@ void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, 
 }
 
 const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : (dt == ORTHOPT_FP16 ? "fp16" : "fp32"); }
-const char* name(orthopt_sym_path p) {
-  switch (p) {
-    case ORTHOPT_SYM_NATIVE: return "native";
-    case ORTHOPT_SYM_DENSE: return "dense";
-    case ORTHOPT_SYM_WGMMA: return "wgmma";
-    case ORTHOPT_SYM_WGMMA_PINGPONG: return "wgmma_pingpong";
-    case ORTHOPT_SYM_WGMMA_COOP: return "wgmma_coop";
-    case ORTHOPT_SYM_WGMMA_PAIR: return "wgmma_pair";
-    default: return "blocks";
-  }
-}
+const char* name(orthopt_sym_path p) { return orthopt_k::sym_path_name(p); }
 
 // Relative error bound: the result is rounded once to the 16-bit type (bf16: 2^-9 relative per
 // element, fp16: 2^-12); fp32 accumulation adds far less. Frobenius-relative errors of a
