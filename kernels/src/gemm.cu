@@ -3,7 +3,7 @@
 // Dᵀ = Xᵀ·Aᵀ, so no data moves; an operand stored transposed is read with op T. cuBLASLt's first
 // heuristic choice was measured 17% slower than the legacy cuBLAS call at 8192³
 // (bench/results/2026-11-29-h100-sym-products.md), so the first call of each shape times the top
-// candidates once on its own operands and keeps the fastest.
+// candidates on its own operands, round-robin, and keeps the fastest.
 #include <map>
 #include <tuple>
 #include <vector>
@@ -25,6 +25,21 @@ struct Plan {
 };
 
 constexpr int kCandidates = 6;
+constexpr size_t kTuningRounds = 5;
+
+// Times one call of `launch` on `stream` and keeps the smaller of *best_ms (negative: none yet)
+// and this time.
+template <class Launch>
+orthopt_status time_once(cudaStream_t stream, cudaEvent_t t0, cudaEvent_t t1, Launch launch, float* best_ms) {
+  ORTHOPT_CUDA_TRY(cudaEventRecord(t0, stream));
+  ORTHOPT_CUBLAS_TRY(launch());
+  ORTHOPT_CUDA_TRY(cudaEventRecord(t1, stream));
+  ORTHOPT_CUDA_TRY(cudaEventSynchronize(t1));
+  float ms = 0.0f;
+  ORTHOPT_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
+  if (*best_ms < 0.0f || ms < *best_ms) *best_ms = ms;
+  return ORTHOPT_OK;
+}
 
 orthopt_status make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
                            int64_t batch, int64_t stride) {
@@ -116,25 +131,30 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if ((C != D || beta == 0.0f) && capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1) {
+      // Round-robin: every round times each candidate once, starting one candidate later each
+      // round, and each keeps its best time. Timing them one after another let clocks still rising
+      // from idle favour the later candidates (suspected in 8192² NS outliers, docs/gpu.md).
+      std::vector<size_t> usable;
+      for (size_t i = 0; i < plan->candidates.size(); ++i)
+        if (run(plan->candidates[i]) == CUBLAS_STATUS_SUCCESS) usable.push_back(i);  // warm-up; skips one that cannot run
+      std::vector<float> best(usable.size(), -1.0f);
       cudaEvent_t t0, t1;
       ORTHOPT_CUDA_TRY(cudaEventCreate(&t0));
       ORTHOPT_CUDA_TRY(cudaEventCreate(&t1));
-      float best = -1.0f;
-      for (const auto& algo : plan->candidates) {
-        if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skips a candidate that cannot run
-        ORTHOPT_CUDA_TRY(cudaEventRecord(t0, stream));
-        for (int r = 0; r < 3; ++r) ORTHOPT_CUBLAS_TRY(run(algo));
-        ORTHOPT_CUDA_TRY(cudaEventRecord(t1, stream));
-        ORTHOPT_CUDA_TRY(cudaEventSynchronize(t1));
-        float ms = 0.0f;
-        ORTHOPT_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
-        if (best < 0.0f || ms < best) {
-          best = ms;
-          plan->algo = algo;
+      orthopt_status status = ORTHOPT_OK;
+      for (size_t round = 0; round < kTuningRounds && status == ORTHOPT_OK; ++round) {
+        for (size_t j = 0; j < usable.size() && status == ORTHOPT_OK; ++j) {
+          const size_t u = (j + round) % usable.size();
+          status = time_once(stream, t0, t1, [&] { return run(plan->candidates[usable[u]]); }, &best[u]);
         }
       }
       cudaEventDestroy(t0);
       cudaEventDestroy(t1);
+      ORTHOPT_STATUS_TRY(status);
+      size_t fastest = 0;
+      for (size_t u = 1; u < usable.size(); ++u)
+        if (best[u] < best[fastest]) fastest = u;
+      if (!usable.empty()) plan->algo = plan->candidates[usable[fastest]];
     }
   }
   ORTHOPT_CUBLAS_TRY(run(plan->algo));

@@ -34,6 +34,16 @@ orthopt_sym_path persistent_override() {
   return p;
 }
 
+// ORTHOPT_SYM_ONE_TILE=pingpong: AUTO takes the ping-pong kernel where it would take the
+// one-tile-per-CTA kernel (an A/B switch for GPT-2's 12×768×3072 Gram products; experiment).
+bool one_tile_to_pingpong() {
+  static const bool p = [] {
+    const char* v = std::getenv("ORTHOPT_SYM_ONE_TILE");
+    return v && std::string_view(v) == "pingpong";
+  }();
+  return p;
+}
+
 }  // namespace
 
 namespace orthopt_k {
@@ -96,6 +106,7 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) {
     path = auto_sym_path(batch, m, k);
+    if (path == ORTHOPT_SYM_WGMMA && one_tile_to_pingpong()) path = ORTHOPT_SYM_WGMMA_PINGPONG;
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
