@@ -34,16 +34,6 @@ orthopt_sym_path persistent_override() {
   return p;
 }
 
-// ORTHOPT_SYM_ONE_TILE=pingpong: AUTO takes the ping-pong kernel where it would take the
-// one-tile-per-CTA kernel (an A/B switch for GPT-2's 12×768×3072 Gram products; experiment).
-bool one_tile_to_pingpong() {
-  static const bool p = [] {
-    const char* v = std::getenv("ORTHOPT_SYM_ONE_TILE");
-    return v && std::string_view(v) == "pingpong";
-  }();
-  return p;
-}
-
 }  // namespace
 
 namespace orthopt_k {
@@ -68,21 +58,22 @@ const char* sym_path_name(orthopt_sym_path path) {
 // 8192² 0.918 vs 0.983), for k >= 2m from m = 1536 (32×2048×7168 1.71 vs 1.85; 66×2048×5632
 // 2.74 vs 3.06) and for batches of square products from m = 1536 and 7e10 multiply-adds
 // (16×1536×2048 0.190 vs 0.207 cuBLASLt; 32×2048×2048 0.612 vs 0.691; 88×2048² 1.71 vs 1.88;
-// 128×1536×2048 1.45 vs 1.59). The one-tile-per-CTA kernel stays best for k >= 2m at m = 768
-// (12×768×3072 0.058 vs 0.061); one dense cuBLASLt product for smaller work (single 2048²,
+// 128×1536×2048 1.45 vs 1.59); one dense cuBLASLt product for smaller work (single 2048²,
 // 12×768²). Without the wgmma kernels (not Hopper, or misaligned operands) orthopt_sym_abt
 // falls back to the rule measured on an H100: blocks from m = 4096 or m >= 2048 with k >= 3m.
 // Widened on 2026-12-01 (sixth session, bench/results/2026-12-01-h200-coop.md) from m = 1536 and
 // 7e10 to m = 1408 and 5e10 multiply-adds: NS with every symmetric product on the ping-pong
 // kernel against AUTO, alternated in one run, 44×1408×2048 (Dion3's Llama selections) 6.89 /
 // 7.09 ms vs 8.49 / 7.54, 16×1536×2048 (its A² is 16×1536×1536, 5.8e10) 3.01 / 3.05 vs
-// 3.10 / 3.11.
+// 3.10 / 3.11. For k >= 2m at m = 768 the one-tile-per-CTA kernel was AUTO's choice until
+// 2026-12-01 (ninth session): ping-pong was faster in three round-robin sym_bench runs at
+// 12×768×3072 (0.058–0.063 vs 0.065–0.073 ms), and GPT-2's Muon step with ping-pong there, in 4
+// alternated runs, 2.970 / 3.011 ms graph (3.147 / 3.086 eager) vs 3.010 / 3.023 (3.212 / 3.156).
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
   if (m >= 4096) return ORTHOPT_SYM_WGMMA_PINGPONG;
-  if (m >= 1536 && k >= 2 * m) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA_PINGPONG;
   if (m >= 1408 && work >= 5e10) return ORTHOPT_SYM_WGMMA_PINGPONG;
-  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA;
   return ORTHOPT_SYM_DENSE;
 }
 
@@ -106,7 +97,6 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) {
     path = auto_sym_path(batch, m, k);
-    if (path == ORTHOPT_SYM_WGMMA && one_tile_to_pingpong()) path = ORTHOPT_SYM_WGMMA_PINGPONG;
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
