@@ -150,5 +150,17 @@ at::Tensor contiguous(const at::Tensor& t) {
   return scale_cast(in, at::Tensor(), 1.0, 0.0, t.scalar_type(), /*transpose=*/true).view(t.sizes());
 }
 
+at::Tensor cast(const at::Tensor& t, at::ScalarType dtype) {
+  if (t.scalar_type() == dtype || t.numel() == 0 || !scale_cast_handles(t, dtype)) return t.to(dtype);
+  // The elementwise conversion does not care about the layout, so a transposed view moves as its
+  // contiguous storage and the result is the same transposed view of the converted storage.
+  const bool transposed = !t.is_contiguous() && t.dim() >= 2 && t.transpose(-2, -1).is_contiguous();
+  if (!t.is_contiguous() && !transposed) return t.to(dtype);
+  const at::Tensor stored = transposed ? t.transpose(-2, -1) : t;
+  const at::Tensor flat = stored.reshape({1, 1, stored.numel()});  // a view: stored is contiguous
+  const at::Tensor out = scale_cast(flat, at::Tensor(), 1.0, 0.0, dtype, /*transpose=*/false).view(stored.sizes());
+  return transposed ? out.transpose(-2, -1) : out;
+}
+
 }  // namespace orthopt::cuda
 #endif  // ORTHOPT_WITH_CUDA

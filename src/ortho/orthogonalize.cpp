@@ -439,7 +439,11 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
 }
 
 at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
-  return detail::orthogonalize_in_compute_dtype(G, opt).to(G.scalar_type());
+  const at::Tensor X = detail::orthogonalize_in_compute_dtype(G, opt);
+#ifdef ORTHOPT_WITH_CUDA
+  if (X.is_cuda()) return cuda::cast(X, G.scalar_type());  // X.to(), by the vectorized kernel
+#endif
+  return X.to(G.scalar_type());
 }
 
 }  // namespace orthopt

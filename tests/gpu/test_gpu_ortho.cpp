@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "cuda/products_cuda.h"
@@ -254,6 +255,32 @@ TEST_F(Gpu, ContiguousTransposesTransposedViews) {
       EXPECT_TRUE(at::equal(c, t.contiguous())) << dt << " " << t.sizes();
     }
   }
+}
+
+// cuda::cast (the NS result's conversion to the input dtype) against ATen's .to(): bit for bit
+// and with the same strides, for contiguous tensors, transposed views of them (converted as
+// stored), layouts it hands to ATen (a column slice), values beyond fp16's range (rounded to
+// inf by both), and with the kernels switched off.
+TEST_F(Gpu, CastMatchesAtenTo) {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::Tensor x = at::randn({3, 40, 72}, cuda) + 0.01;
+  x.select(1, 5).mul_(4e4);  // one row past fp16's largest finite value (65504) in part
+  for (auto din : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (auto dout : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const at::Tensor base = x.to(din);
+      for (const at::Tensor& t : {base, base.transpose(1, 2), base[1].t(), base.narrow(2, 0, 50), base.reshape({-1}),
+                                  base.narrow(0, 1, 2).transpose(1, 2)})
+        for (bool off : {false, true}) {
+          std::optional<KernelsOff> kernels_off;
+          if (off) kernels_off.emplace();
+          const at::Tensor ref = t.to(dout), got = orthopt::cuda::cast(t, dout);
+          EXPECT_EQ(got.scalar_type(), dout);
+          EXPECT_EQ(got.sizes(), ref.sizes());
+          EXPECT_EQ(got.strides(), ref.strides()) << din << " -> " << dout << " " << t.sizes();
+          EXPECT_TRUE(at::equal(got, ref)) << din << " -> " << dout << " " << t.sizes() << " strides " << t.strides()
+                                           << " kernels off " << off;
+        }
+    }
 }
 
 TEST_F(Gpu, ScaleCastArgumentErrorsNameTheArgument) {
