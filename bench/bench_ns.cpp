@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -32,6 +33,7 @@ struct NsArgs {
   uint64_t seed = 0;
   double peak_tflops = 746.0;  // bf16 8192³ product measured on the reference H100 (performance.md)
   bool peer = true;
+  bool sequential = false;  // time the contenders one after another instead of round-robin
   std::string json;
 };
 
@@ -128,56 +130,90 @@ int run_ns(const NsArgs& a) {
     auto next_input = [&]() -> const at::Tensor& { return inputs[turn++ % inputs.size()]; };
 
     const Schedule sched = resolve_schedule(ref_opt);
-    double peer_ms = 0, peer_err = 0;
     const at::ScalarType peer_dtype = !a.compute_dtype.empty() ? parse_dtype(a.compute_dtype)
                                                                : (device.is_cuda() ? at::kBFloat16 : at::kFloat);
-    if (a.peer) {
-      at::Tensor peer_out = bench::torch_dense_ns(G, sched, a.steps, peer_dtype);
-      peer_err = ((peer_out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
-      peer_ms = bench::time_ms([&] { peer_out = bench::torch_dense_ns(next_input(), sched, a.steps, peer_dtype); }, device,
-                               a.warmup, a.repeats).median_ms;
-      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
-                               shape_str, "peer:torch", peer_ms,
-                               batch * standard_ns_flops(m, n, a.steps) / (peer_ms * 1e6), "", peer_err, "", "",
-                               "", "", c10::toString(peer_dtype));
-      rows.push_back({{"shape", shape_str}, {"method", "peer_torch_dense"}, {"compute_dtype", c10::toString(peer_dtype)},
-                      {"median_ms", peer_ms}, {"rel_err_vs_fp64", peer_err}});
-    }
+    auto rel_err = [&](const at::Tensor& out) { return ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>(); };
 
-    for (const auto& method_str : a.methods) {
+    // The contenders: the peer (unless --no-peer), then each method. Each is checked against the
+    // float64 reference once, then all are timed round-robin (--sequential: one after another).
+    struct Contender {
+      std::string method;  // empty: the peer
       OrthoOptions opt;
-      opt.schedule = a.schedule;
-      opt.steps = a.steps;
-      opt.method = parse_method(method_str);
-      opt.nonfinite = NonFinitePolicy::Propagate;
-      if (!a.compute_dtype.empty()) opt.compute_dtype = parse_dtype(a.compute_dtype);
-      const OrthoMethod used = resolve_method(m, n, opt);
-      const auto compute = resolve_compute_dtype(opt, device, used);
-      at::Tensor out = orthogonalize(G, opt);
-      const double err = ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
-      auto t = bench::time_ms([&] { out = orthogonalize(next_input(), opt); }, device, a.warmup, a.repeats);
+      at::Tensor out;
+      double err = 0;
+    };
+    std::vector<Contender> contenders;
+    if (a.peer) {
+      Contender c;
+      c.out = bench::torch_dense_ns(G, sched, a.steps, peer_dtype);
+      c.err = rel_err(c.out);
+      contenders.push_back(std::move(c));
+    }
+    for (const auto& method_str : a.methods) {
+      Contender c;
+      c.method = method_str;
+      c.opt.schedule = a.schedule;
+      c.opt.steps = a.steps;
+      c.opt.method = parse_method(method_str);
+      c.opt.nonfinite = NonFinitePolicy::Propagate;
+      if (!a.compute_dtype.empty()) c.opt.compute_dtype = parse_dtype(a.compute_dtype);
+      c.out = orthogonalize(G, c.opt);
+      c.err = rel_err(c.out);
+      contenders.push_back(std::move(c));
+    }
+    std::vector<std::function<void()>> runs;
+    for (auto& c : contenders)
+      runs.push_back(c.method.empty()
+                         ? std::function<void()>([&] { c.out = bench::torch_dense_ns(next_input(), sched, a.steps, peer_dtype); })
+                         : std::function<void()>([&] { c.out = orthogonalize(next_input(), c.opt); }));
+    std::vector<bench::Timing> times;
+    if (a.sequential)
+      for (const auto& run : runs) times.push_back(bench::time_ms(run, device, a.warmup, a.repeats));
+    else
+      times = bench::time_round_robin(runs, device, a.warmup, a.repeats);
+
+    double peer_ms = 0;
+    for (size_t i = 0; i < contenders.size(); ++i) {
+      const Contender& c = contenders[i];
+      const bench::Timing& t = times[i];
+      if (c.method.empty()) {
+        peer_ms = t.median_ms;
+        std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
+                                 shape_str, "peer:torch", peer_ms,
+                                 batch * standard_ns_flops(m, n, a.steps) / (peer_ms * 1e6), "", c.err, "", "", "", "",
+                                 c10::toString(peer_dtype));
+        rows.push_back({{"shape", shape_str}, {"method", "peer_torch_dense"}, {"compute_dtype", c10::toString(peer_dtype)},
+                        {"median_ms", peer_ms}, {"min_ms", t.min_ms}, {"max_ms", t.max_ms},
+                        {"rel_err_vs_fp64", c.err}});
+        continue;
+      }
+      const OrthoMethod used = resolve_method(m, n, c.opt);
+      const auto compute = resolve_compute_dtype(c.opt, device, used);
       const double eff = batch * standard_ns_flops(m, n, a.steps) / (t.median_ms * 1e6);
-      const double done = batch * method_flops(m, n, a.steps, used, opt.gram_restarts) / (t.median_ms * 1e6);
-      const std::string label = method_str == "auto" ? std::string("auto:") + to_string(used) : method_str;
+      const double done = batch * method_flops(m, n, a.steps, used, c.opt.gram_restarts) / (t.median_ms * 1e6);
+      const std::string label = c.method == "auto" ? std::string("auto:") + to_string(used) : c.method;
       const double floor_ms =
-          batch * symmetric_floor_flops(m, n, a.steps, used, opt.gram_restarts) / (a.peak_tflops * 1e9);
+          batch * symmetric_floor_flops(m, n, a.steps, used, c.opt.gram_restarts) / (a.peak_tflops * 1e9);
       const std::string peer_col = a.peer ? fmt::format("{:.2f}", peer_ms / t.median_ms) : "-";
       const std::string floor_col = device.is_cuda() ? fmt::format("{:.3f}", floor_ms) : "-";
       const std::string frac_col = device.is_cuda() ? fmt::format("{:.2f}", floor_ms / t.median_ms) : "-";
       std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
-                               shape_str, label, t.median_ms, eff, done, err, a.peer ? fmt::format("{:.3f}", peer_ms) : "-",
-                               peer_col, floor_col, frac_col, c10::toString(compute));
-      rows.push_back({{"shape", shape_str}, {"method", method_str}, {"method_used", to_string(used)},
+                               shape_str, label, t.median_ms, eff, done, c.err,
+                               a.peer ? fmt::format("{:.3f}", peer_ms) : "-", peer_col, floor_col, frac_col,
+                               c10::toString(compute));
+      rows.push_back({{"shape", shape_str}, {"method", c.method}, {"method_used", to_string(used)},
                       {"compute_dtype", c10::toString(compute)}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
                       {"max_ms", t.max_ms}, {"effective_gflops", eff}, {"performed_gflops", done},
-                      {"rel_err_vs_fp64", err}, {"schedule", a.schedule}, {"steps", a.steps},
+                      {"rel_err_vs_fp64", c.err}, {"schedule", a.schedule}, {"steps", a.steps},
                       {"peer_ms", a.peer ? nlohmann::json(peer_ms) : nlohmann::json()},
                       {"floor_ms", device.is_cuda() ? nlohmann::json(floor_ms) : nlohmann::json()}});
     }
   }
   std::cout << "eff GF/s counts dense standard NS FLOPs (steps·(4m²n+2m³)) per matrix; GF/s (done) counts the\n"
                "products the method performed. rel err: ‖out − ref‖_F/‖ref‖_F, ref = standard NS in float64.\n"
-               "peer: dense torch NS (bmm/baddbmm) in the same run; peer/us = peer ms / our ms (> 1: we are faster).\n";
+               "peer: dense torch NS (bmm/baddbmm) in the same run; peer/us = peer ms / our ms (> 1: we are faster).\n"
+            << (a.sequential ? "Timed one contender after another (--sequential).\n"
+                             : "Timed round-robin: each round runs the peer and every method once.\n");
   if (device.is_cuda())
     std::cout << fmt::format("floor: the method's FLOPs with symmetric products at half cost, at {:.0f} TFLOP/s; "
                              "of floor = floor ms / our ms.\n", a.peak_tflops);
@@ -211,6 +247,8 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_option("--peak-tflops", args->peak_tflops, "matrix-unit rate for the FLOP floor (TFLOP/s)")
       ->check(CLI::PositiveNumber);
   ns->add_flag("!--no-peer", args->peer, "skip the dense torch peer");
+  ns->add_flag("--sequential", args->sequential,
+               "time the peer and the methods one after another (default: round-robin, one run of each per round)");
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
   ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
   register_bench_step(*bench, action);
