@@ -144,12 +144,16 @@ orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, 
                                            cudaStream_t stream);
 
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
- * of per-tensor lr factors (the lr adjustment), NULL for all 1. */
+ * of per-tensor lr factors (the lr adjustment), NULL for all 1. row_scale: NULL, or per tensor a
+ * device fp32 array of numel[j] / cols factors, one per row of cols elements, and then
+ * D = direction · row_scale[j][row] (one fp32 product, NorMuon's Û = U · factor without storing
+ * Û); every numel[j] must then be a multiple of cols. */
 orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
                                     orthopt_dtype weight_dtype, const void* const* direction,
                                     orthopt_dtype direction_dtype, void* const* param_out,
-                                    orthopt_dtype param_dtype, const double* factor, const double* lr,
-                                    double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
+                                    orthopt_dtype param_dtype, const double* factor, const float* const* row_scale,
+                                    int64_t cols, const double* lr, double weight_decay, int cautious,
+                                    const uint8_t* keep, cudaStream_t stream);
 
 /* The decoupled update with a direction that is nonzero on selected rows only (Dion3): weight[j]
  * (numel[j] elements, rows of cols) is updated everywhere, with D = 0 outside the selection;

@@ -306,8 +306,33 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 struct UpdateArgs {
   Decay decay;
   orthopt_dtype weight_dtype, direction_dtype, param_dtype;
+  int64_t cols;  // row length of the row scales (with row scales only)
   const uint8_t* keep;
 };
+
+// The row of element e: 32-bit division where the tensor allows (the kernel is memory-bound
+// and a 64-bit division per element costs more than the load).
+__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols, bool narrow) {
+  return narrow ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(cols)) : e / cols;
+}
+
+// D ← D · scale[row] for the pack of elements e0 .. e0 + kVec − 1 (rows of cols elements), one
+// fp32 product each as ATen's U · factor (NorMuon's Û, update_math.cpp: normuon_normalize); one
+// division for the pack's first row, the row advanced where the pack crosses into the next.
+__device__ __forceinline__ void scale_rows(Pack& d, int64_t e0, int64_t end, const float* scale, int64_t cols,
+                                           bool narrow) {
+  if (e0 >= end) return;
+  int64_t row = row_of(e0, cols, narrow), col = e0 - row * cols;
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    if (e0 + q >= end) break;  // past the end: not stored
+    d[q] = __fmul_rn(d[q], scale[row]);
+    if (++col == cols) {
+      col = 0;
+      ++row;
+    }
+  }
+}
 
 // The store half of both update kernels: W (and its parameter copy) ← decoupled(w, d) for the
 // kIlp packs of this round.
@@ -325,8 +350,9 @@ __device__ __forceinline__ void store_updated(void* W, void* P, Pack (&w)[kIlp],
   }
 }
 
-// roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none)
-__global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table<3> t, const UpdateArgs a) {
+// roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none), 3 row
+// scales (fp32, one per row of cols elements; NULL: D as given)
+__global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table<4> t, const UpdateArgs a) {
   if (skipped(a.keep)) return;
   int64_t begin, end;
   const int i = block_tensor(t, &begin, &end);
@@ -334,6 +360,8 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant_
   void* W = t.ptr[0][i];
   const void* D = t.ptr[1][i];
   void* P = t.ptr[2][i];
+  const float* scale = static_cast<const float*>(t.ptr[3][i]);
+  const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
   const bool vec =
       vec_aligned(W, a.weight_dtype) && vec_aligned(D, a.direction_dtype) && vec_aligned(P, a.param_dtype);
   for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
@@ -342,6 +370,10 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant_
     for (int r = 0; r < kIlp; ++r) {
       load_pack(W, pack_start(base, r), end, a.weight_dtype, vec, w[r]);
       load_pack(D, pack_start(base, r), end, a.direction_dtype, vec, d[r]);
+    }
+    if (scale) {
+#pragma unroll
+      for (int r = 0; r < kIlp; ++r) scale_rows(d[r], pack_start(base, r), end, scale, a.cols, narrow);
     }
     store_updated(W, P, w, d, base, end, vec, a.decay.mode, c, a.weight_dtype, a.param_dtype);
   }
@@ -353,12 +385,6 @@ struct UpdateSelectedArgs {
   int64_t cols;
   const uint8_t* keep;
 };
-
-// The row of element e: 32-bit division where the tensor allows (the kernel is memory-bound
-// and a 64-bit division per element costs more than the load).
-__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols, bool narrow) {
-  return narrow ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(cols)) : e / cols;
-}
 
 // The update with a row-selected direction (orthopt_multi_update_selected).
 // roles: 0 W (read, written), 1 compact direction rows, 2 parameter copy (written; NULL: none),
@@ -513,7 +539,7 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(const __grid_constant__ 
 static_assert(sizeof(Table<3>) <= kTableBytes && sizeof(Table<4>) <= kTableBytes && sizeof(Table<6>) <= kTableBytes,
               "tables must fit the kernel-argument budget");
 static_assert(sizeof(Table<6>) + sizeof(AdamWArgs) <= 4096 && sizeof(Table<4>) + sizeof(LionArgs) <= 4096 &&
-                  sizeof(Table<3>) + sizeof(UpdateArgs) <= 4096 && sizeof(Table<3>) + sizeof(MomentumArgs) <= 4096,
+                  sizeof(Table<4>) + sizeof(UpdateArgs) <= 4096 && sizeof(Table<3>) + sizeof(MomentumArgs) <= 4096,
               "kernel arguments must stay within 4 KiB");
 static_assert(Table<6>::kCapacity <= kThreads, "step_increment_kernel: one thread per tensor of a table");
 
@@ -649,7 +675,8 @@ extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64
 extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
                                                orthopt_dtype weight_dtype, const void* const* direction,
                                                orthopt_dtype direction_dtype, void* const* param_out,
-                                               orthopt_dtype param_dtype, const double* factor, const double* lr,
+                                               orthopt_dtype param_dtype, const double* factor,
+                                               const float* const* row_scale, int64_t cols, const double* lr,
                                                double weight_decay, int cautious, const uint8_t* keep,
                                                cudaStream_t stream) {
   const char* fn = "orthopt_multi_update";
@@ -658,10 +685,22 @@ extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* num
   ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
   ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
   if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
+  std::vector<const void*> scales;
+  if (row_scale) {
+    if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0 with row_scale, got %lld", fn,
+                               (long long)cols);
+    for (int64_t i = 0; i < count; ++i)
+      if (numel[i] % cols != 0)
+        return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
+                    (long long)i, (long long)numel[i], (long long)cols);
+    scales.assign(row_scale, row_scale + count);
+    ORTHOPT_STATUS_TRY(check_list(fn, "row_scale", count, numel, scales.data(), ORTHOPT_FP32));
+  }
   if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const UpdateArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype, keep};
-  return for_each_table<3>(count, numel, {weight, direction, param_out}, factor,
-                           [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
+  const UpdateArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype,
+                        row_scale ? cols : 1, keep};
+  return for_each_table<4>(count, numel, {weight, direction, param_out, row_scale ? scales.data() : nullptr}, factor,
+                           [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
                              update_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
                              ORTHOPT_CUDA_TRY(cudaGetLastError());
                              return ORTHOPT_OK;

@@ -187,22 +187,38 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
 
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
-            double weight_decay, bool cautious, const at::Tensor& keep) {
+            double weight_decay, bool cautious, const at::Tensor& keep, const std::vector<at::Tensor>& row_scales,
+            int64_t cols) {
   const char* fn = "orthopt::cuda::update";
-  const std::vector<List> lists = {
-      {&weights, "weights"}, {&directions, "directions"}, {&param_copies, "param_copies", /*optional=*/true}};
+  const bool scaled = !row_scales.empty();
+  const std::vector<List> lists = {{&weights, "weights"},
+                                   {&directions, "directions"},
+                                   {&param_copies, "param_copies", /*optional=*/true},
+                                   {&row_scales, "row_scales", /*optional=*/true, false, /*any_numel=*/true}};
   const auto groups = by_dtypes(lists, fn);
   TORCH_CHECK(factors.size() == weights.size(), fn, ": argument 'factors' has ", factors.size(), " entries, expected ",
               weights.size());
+  if (scaled) {
+    TORCH_CHECK(cols > 0, fn, ": argument 'cols' must be > 0 with row_scales, got ", cols);
+    for (size_t i = 0; i < weights.size(); ++i)
+      TORCH_CHECK(row_scales[i].defined() && row_scales[i].scalar_type() == at::kFloat &&
+                      weights[i].numel() % cols == 0 && row_scales[i].numel() == weights[i].numel() / cols,
+                  fn, ": argument 'row_scales' [", i, "]: expected ", weights[i].numel() / cols,
+                  " fp32 values (one per row of ", cols, " of the weight's ", weights[i].numel(), " elements)");
+  }
   if (weights.empty()) return;
   const Launch launch(weights[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
     const auto numel = numels(weights, idx);
-    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx);
+    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx),
+         S = pointers(lists[3], idx);
+    std::vector<const float*> scales;
+    for (void* p : S) scales.push_back(static_cast<const float*>(p));
     const auto factor = picked(factors, idx);
     check_status(orthopt_multi_update(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
                                       static_cast<orthopt_dtype>(dt[0]), D.data(), static_cast<orthopt_dtype>(dt[1]),
-                                      data_or_null(P), dtype_or_fp32(dt[2]), factor.data(), launch.lr, weight_decay,
+                                      data_or_null(P), dtype_or_fp32(dt[2]), factor.data(),
+                                      scaled ? scales.data() : nullptr, cols, launch.lr, weight_decay,
                                       cautious ? 1 : 0, launch.keep, launch.stream),
                  "orthopt_multi_update");
   }

@@ -31,10 +31,13 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
                    const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
                    double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep);
 
-// W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0).
+// W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0). With row_scales
+// (one fp32 tensor per weight, one value per row of `cols` elements; empty: none), D is
+// directions[i] · row_scales[i][row] in fp32 (NorMuon's Û without storing it).
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,
             const std::vector<at::Tensor>& param_copies, const std::vector<double>& factors, const at::Tensor& lr,
-            double weight_decay, bool cautious, const at::Tensor& keep);
+            double weight_decay, bool cautious, const at::Tensor& keep,
+            const std::vector<at::Tensor>& row_scales = {}, int64_t cols = 0);
 
 // update() with a direction that is nonzero on selected rows only (Dion3): row r of weights[i]
 // (rows of `cols`) takes row row_maps[i][r] of directions[i] (compact [*, cols]) where that

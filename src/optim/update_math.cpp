@@ -30,8 +30,8 @@ std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::T
   return {M_new, input};
 }
 
-std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
-                                                    double eps) {
+std::pair<at::Tensor, at::Tensor> normuon_row_factors(const at::Tensor& U, const at::Tensor& V, double beta2,
+                                                      double eps) {
   // Two passes over U: its row sums of squares (accumulated in fp32, fp64 for fp64 U, without a
   // widened copy of a bf16/fp16 U), and one product with a per-row factor. Both Frobenius norms
   // of the formula come from the row sums: ‖U‖² = Σ_r s_r and ‖U/(√V+ε)‖² = Σ_r s_r/(√V_r+ε)².
@@ -47,6 +47,12 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
   const at::Tensor norm_U = row_sq.sum(-2, /*keepdim=*/true).sqrt();
   const at::Tensor norm_hat = (row_sq * inv.square()).sum(-2, /*keepdim=*/true).sqrt();
   const at::Tensor factor = inv * (norm_U / norm_hat.clamp_min(1e-8));  // [..., rows, 1], acc dtype
+  return {factor, V_new};
+}
+
+std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
+                                                    double eps) {
+  auto [factor, V_new] = normuon_row_factors(U, V, beta2, eps);
   return {U * factor, V_new};  // Û in fp32 (fp64 for fp64 U): never rounded back to bf16/fp16
 }
 

@@ -27,9 +27,14 @@ std::pair<at::Tensor, at::Tensor> muon_momentum(const at::Tensor& M, const at::T
 
 // §4 NorMuon normalization of U [..., rows, cols] with row variance V [..., rows, 1] (fp32).
 // Returns {Û, new V}; Û in fp32 for fp32/bf16/fp16 U (fp64 for fp64 U), so a bf16/fp16
-// Newton–Schulz result can be passed as is.
+// Newton–Schulz result can be passed as is. Û = U · factor, factor from normuon_row_factors.
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, double beta2,
                                                     double eps);
+
+// The per-row factors of Û = U · factor ([..., rows, 1], fp32; fp64 for fp64 U) and the new V:
+// normuon_normalize without the product, for the update kernel that applies them itself.
+std::pair<at::Tensor, at::Tensor> normuon_row_factors(const at::Tensor& U, const at::Tensor& V, double beta2,
+                                                      double eps);
 
 // Decoupled weight decay and the step: W·(1 − lr·wd) − lr_step·D, where with `cautious` the
 // decay applies only where W·D >= 0 (the update also pushes W towards zero).

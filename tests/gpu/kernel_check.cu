@@ -563,25 +563,55 @@ struct UpdateCase {
   }
 };
 
+// orthopt_multi_update; with row_cols > 0 also per-row scales of the direction (NorMuon's row
+// factors: every tensor holds rows of row_cols elements, each row a random factor in [0.5, 2),
+// and element e is judged with the direction D·scale[row]).
 void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp,
-                  bool cautious, double wd, int keep_mode, std::mt19937& rng) {
+                  bool cautious, double wd, int keep_mode, std::mt19937& rng, int64_t row_cols = 0) {
   UpdateCase u(dw, numel, dd, numel, dp, keep_mode, rng);
   std::vector<double> factor;
   for (size_t i = 0; i < numel.size(); ++i) factor.push_back(0.5 + 0.25 * static_cast<double>(i % 7));
+  std::vector<std::vector<float>> scales;
+  std::vector<float*> scales_dev;
+  if (row_cols > 0) {
+    std::uniform_real_distribution<float> s(0.5f, 2.0f);
+    for (int64_t n : numel) {
+      scales.emplace_back(static_cast<size_t>(n / row_cols));
+      for (float& v : scales.back()) v = s(rng);
+      float* d = nullptr;
+      CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(1, scales.back().size()) * sizeof(float)));
+      CHECK_CUDA(cudaMemcpy(d, scales.back().data(), scales.back().size() * sizeof(float), cudaMemcpyHostToDevice));
+      scales_dev.push_back(d);
+    }
+  }
   const DevScalar<double> lr_dev(UpdateCase::lr);
   const Keep keep(keep_mode);
   auto pw = u.W.ptrs(), pd = u.D.ptrs(), pp = u.P.ptrs();
-  const orthopt_status st =
-      orthopt_multi_update(static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd,
-                           copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
+  const orthopt_status st = orthopt_multi_update(
+      static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd, copy ? pp.data() : nullptr, dp,
+      factor.data(), row_cols > 0 ? scales_dev.data() : nullptr, row_cols, lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
+  for (float* d : scales_dev) cudaFree(d);
   if (call_failed(st, "multi update")) return;
   const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
                              (cautious ? "cautious " : "") + "wd=" + std::to_string(wd).substr(0, 4) + " " +
+                             (row_cols > 0 ? "row scales, cols=" + std::to_string(row_cols) + " " : "") +
                              keep_name(keep_mode);
   if (!u.download("update", config, numel, keep_mode)) return;
   for (size_t i = 0; i < numel.size(); ++i)
-    for (int64_t e = u.W.offset[i]; e < u.W.offset[i] + numel[i]; ++e) u.check(e, u.D.get(e), wd, factor[i], cautious, copy);
+    for (int64_t e = u.W.offset[i]; e < u.W.offset[i] + numel[i]; ++e) {
+      const double d = u.D.get(e);
+      const double scale = row_cols > 0 ? scales[i][static_cast<size_t>((e - u.W.offset[i]) / row_cols)] : 1.0;
+      u.check(e, d * scale, wd, factor[i], cautious, copy);
+    }
   u.finish("update", config, numel, copy);
+}
+
+// check_update with row scales on tensors of R_j whole rows of cols elements.
+void check_update_rows(int64_t cols, orthopt_dtype dw, orthopt_dtype dd, bool copy, orthopt_dtype dp, bool cautious,
+                       int keep_mode, std::mt19937& rng) {
+  std::vector<int64_t> numel;
+  for (int64_t r : {5, 1, 64, 300, 17}) numel.push_back(r * cols);
+  check_update(numel, dw, dd, copy, dp, cautious, 0.1, keep_mode, rng, cols);
 }
 
 // orthopt_multi_update_selected: per tensor a weight of R_j rows × cols, k_j distinct random rows
@@ -826,8 +856,12 @@ void check_multi_errors() {
                               nullptr, nullptr);
   const bool ok2 = st == ORTHOPT_ERR_INVALID && has("'grad' has a NULL pointer at index 1");
   st = orthopt_multi_update(2, numel, full, ORTHOPT_FP32, full, static_cast<orthopt_dtype>(7), nullptr, ORTHOPT_FP32,
-                            nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
-  const bool ok3 = st == ORTHOPT_ERR_INVALID && has("'direction'") && has("fp32, bf16 or fp16");
+                            nullptr, nullptr, 0, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
+  bool ok3 = st == ORTHOPT_ERR_INVALID && has("'direction'") && has("fp32, bf16 or fp16");
+  const float* scales[2] = {static_cast<const float*>(p), static_cast<const float*>(p)};
+  st = orthopt_multi_update(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, scales, 3,
+                            reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);  // 4 is not whole rows of 3
+  ok3 = ok3 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
   st = orthopt_multi_lion(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32,
                           nullptr, 0.9, 0.99, 0.0, 0, nullptr, nullptr);
   const bool ok4 = st == ORTHOPT_ERR_INVALID && has("'lr'");
@@ -884,6 +918,12 @@ void check_multi(bool quick, std::mt19937& rng) {
       check_update_selected(cols, B16, F16, false, F32, true, 0, rng);
     }
     check_update_selected(768, F32, F32, true, B16, true, 2, rng);  // skip: nothing written
+    for (int64_t cols : {1, 7, 768, 2051}) {  // NorMuon's row factors applied by the update
+      check_update_rows(cols, F32, B16, false, F32, false, 0, rng);
+      check_update_rows(cols, F32, F16, true, B16, true, 1, rng);
+      check_update_rows(cols, B16, F32, false, F32, false, 0, rng);
+    }
+    check_update_rows(768, F32, B16, true, B16, false, 2, rng);  // skip: nothing written
   }
   g_aligned_lists = false;
   constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;
