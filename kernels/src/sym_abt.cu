@@ -66,7 +66,7 @@ const char* sym_path_name(orthopt_sym_path path) {
 // kernel against AUTO, alternated in one run, 44×1408×2048 (Dion3's Llama selections) 6.89 /
 // 7.09 ms vs 8.49 / 7.54, 16×1536×2048 (its A² is 16×1536×1536, 5.8e10) 3.01 / 3.05 vs
 // 3.10 / 3.11. For k >= 2m at m = 768 the one-tile-per-CTA kernel was AUTO's choice until
-// 2026-12-01 (ninth session): ping-pong was faster in three round-robin sym_bench runs at
+// 2026-12-01 (eighth session): ping-pong was faster in three round-robin sym_bench runs at
 // 12×768×3072 (0.058–0.063 vs 0.065–0.073 ms), and GPT-2's Muon step with ping-pong there, in 4
 // alternated runs, 2.970 / 3.011 ms graph (3.147 / 3.086 eager) vs 3.010 / 3.023 (3.212 / 3.156).
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
