@@ -17,6 +17,35 @@ from step_peers import median_ms, param_set
 STEPS = 3
 
 
+def print_breakdown(fn, title, unit, top, runs=STEPS):
+    """Times fn (CUDA events, median of 10 after 3 warm-ups), profiles `runs` calls of it and
+    prints the kernel time per call (per `unit`) by class and the `top` kernels."""
+    ms = median_ms(fn, warmup=3, repeats=10)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel = collections.defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            k = per_kernel[ev.name]
+            k[0] += ev.device_time_total / 1e3 / runs  # ms per call
+            k[1] += 1
+    total = sum(v[0] for v in per_kernel.values())
+    launches = sum(v[1] for v in per_kernel.values()) / runs
+    print(f"\n## {title} {ms:.3f} ms (CUDA events, median of 10); kernels {total:.3f} ms/{unit}, "
+          f"{launches:.0f} launches/{unit}; gaps {ms - total:.3f} ms", flush=True)
+    by_class = collections.defaultdict(float)
+    for kname, (t, _) in per_kernel.items():
+        by_class[kernel_class(kname)] += t
+    for c, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
+        print(f"  {c:<28} {t:8.3f} ms  {100 * t / max(total, 1e-9):5.1f}%")
+    print(f"  top kernels (ms/{unit}, launches/{unit}, name):")
+    for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"    {t:8.3f} {n / runs:6.1f}  {kname[:110]}")
+
+
 def kernel_class(name):
     n = name.lower()
     # Templates print as "void orthopt_k::...": match the namespace anywhere in the name.
@@ -48,30 +77,7 @@ def main():
         mats, others = param_set(name)
         for algo in algos:
             opt = orthopt.Muon(groups_for(algo, mats, others))
-            ms = median_ms(opt.step, warmup=3, repeats=10)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(STEPS):
-                    opt.step()
-                torch.cuda.synchronize()
-            per_kernel = collections.defaultdict(lambda: [0.0, 0])
-            for ev in prof.events():
-                if ev.device_type == torch.autograd.DeviceType.CUDA:
-                    k = per_kernel[ev.name]
-                    k[0] += ev.device_time_total / 1e3 / STEPS  # ms per step
-                    k[1] += 1
-            total = sum(v[0] for v in per_kernel.values())
-            launches = sum(v[1] for v in per_kernel.values()) / STEPS
-            print(f"\n## {name} {algo}: step {ms:.3f} ms (CUDA events, median of 10); kernels {total:.3f} ms/step, "
-                  f"{launches:.0f} launches/step; gaps {ms - total:.3f} ms", flush=True)
-            by_class = collections.defaultdict(float)
-            for kname, (t, _) in per_kernel.items():
-                by_class[kernel_class(kname)] += t
-            for c, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
-                print(f"  {c:<28} {t:8.3f} ms  {100 * t / max(total, 1e-9):5.1f}%")
-            print("  top kernels (ms/step, launches/step, name):")
-            for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
-                print(f"    {t:8.3f} {n / STEPS:6.0f}  {kname[:110]}")
+            print_breakdown(opt.step, f"{name} {algo}: step", "step", top)
             del opt
             torch.cuda.empty_cache()
         del mats, others

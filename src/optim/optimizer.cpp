@@ -596,8 +596,8 @@ class OptimizerImpl {
     return {at::cat(blocks, -2), 1.0};
   }
 
-  // NorMuon (§4) on a bank's orthogonalized matrices U [B, rows, cols]: one normuon_normalize
-  // for the bank with its params' variances stacked; commits them and returns Û [B, rows, cols].
+  // NorMuon (§4) on a bank's orthogonalized matrices U [B, rows, cols], for the bank with its
+  // params' variances stacked: commits them and returns Û = U · factors [B, rows, cols].
   at::Tensor normuon_bank(size_t g, const Bank& b, const at::Tensor& U) { return U * normuon_bank_factors(g, b, U); }
 
   // normuon_bank() without the product: commits the variances and returns Û's row factors
@@ -921,7 +921,7 @@ class OptimizerImpl {
     std::vector<at::Tensor> outs(idx.size());
     // Muon without split_sizes: the NS result in its compute dtype is the direction (the update
     // kernel widens bf16/fp16 exactly, as the reference's cast to fp32 does, so the update is
-    // the same). NorMuon normalizes the compute-dtype result into fp32; with split_sizes Muon
+    // the same). With split_sizes NorMuon normalizes the compute-dtype result into fp32 and Muon
     // takes the fp32 result, whose math continues in fp32.
     const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
     // NorMuon without split_sizes: U also stays in its compute dtype (made contiguous like
