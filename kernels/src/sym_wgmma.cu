@@ -454,6 +454,17 @@ __device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[6
   }
 }
 
+// Producer of a persistent kernel's ring: the stage of global k-step g, once the consumers have
+// released it in the previous round, with `bytes` expected on its full barrier.
+template <int Stages>
+__device__ __forceinline__ int acquire_stage(int64_t g, uint64_t* full, uint64_t* empty, uint32_t bytes) {
+  const int s = static_cast<int>(g % Stages);
+  const int64_t round = g / Stages;
+  if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
+  mbar_expect_tx(&full[s], bytes);
+  return s;
+}
+
 // Barriers of the ping-pong ring (used by the pair kernel too): full[s] (one arrival, the
 // producer's, plus the bytes), empty[s] (empty_arrivals per phase), and per consumer warpgroup
 // c_full (its C tile has landed) and c_empty (it has read its C tile).
@@ -520,6 +531,11 @@ struct PingPongSmem {
   unsigned char* ring;
   unsigned char* cbuf;
   uint64_t *full, *empty, *c_full, *c_empty;  // [kPpStages], [kPpStages], [2], [2]
+  // Stage s's A and B tiles.
+  __device__ __forceinline__ unsigned char* tile_a(int s) const {
+    return ring + static_cast<size_t>(s) * kPpStageBytes;
+  }
+  __device__ __forceinline__ unsigned char* tile_b(int s) const { return tile_a(s) + kBM * kBK * 2; }
 };
 template <bool CTma>
 __device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_raw) {
@@ -543,8 +559,6 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const PingPongSmem sh = carve_pingpong_smem<CTma>(smem_raw);
   unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
   uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
-  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
-  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
     *z = static_cast<int>(t / tiles_per_mat);
     int ti = 0, tj = 0;
@@ -569,12 +583,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
         if (c_by_tma) load_c_tile(n, cbuf, &map_c, c_full, c_empty, row0, col0, z);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % kPpStages);
-          const int64_t round = g / kPpStages;
-          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
-          mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
-          tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
-          tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+          const int s = acquire_stage<kPpStages>(g, full, empty, static_cast<uint32_t>(kPpStageBytes));
+          tma_load(sh.tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+          tma_load(sh.tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
         }
       }
     }
@@ -692,10 +703,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         const int row0 = ti * kBM, col0 = 2 * tj2 * kBM;
         const int first_stages = ktiles < kStagesC ? ktiles : kStagesC;
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % kStagesC);
-          const int64_t round = g / kStagesC;
-          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
-          mbar_expect_tx(&full[s], static_cast<uint32_t>((second ? 3 : 2) * kTile));
+          const int s = acquire_stage<kStagesC>(g, full, empty, static_cast<uint32_t>((second ? 3 : 2) * kTile));
           tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
           tma_load(tile_b(s, 0), &map_b, &full[s], kt * kBK, col0, z);
           if (second) tma_load(tile_b(s, 1), &map_b, &full[s], kt * kBK, col0 + kBM, z);
@@ -862,8 +870,6 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const PingPongSmem sh = carve_pingpong_smem<CTma>(smem_raw);
   unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
   uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
-  auto tile_a = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes; };
-  auto tile_b = [&](int s) { return smem + static_cast<size_t>(s) * kPpStageBytes + kBM * kBK * 2; };
   const int t = (m + kBM - 1) / kBM;
   const uint32_t rank = cluster_ctarank(), peer = rank ^ 1;
   const int64_t cluster = blockIdx.x / kPairCtas, clusters = gridDim.x / kPairCtas;
@@ -893,20 +899,17 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         if (c_by_tma) load_c_tile(n, cbuf, &map_c, c_full, c_empty, row0, col0, z);
         const int half = 64 * static_cast<int>(rank);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = static_cast<int>(g % kPpStages);
-          const int64_t round = g / kPpStages;
-          if (round > 0) mbar_wait(&empty[s], static_cast<uint32_t>((round - 1) & 1));
           // 32 KiB land here: this CTA's own operand tile, its half of the shared one and the
           // peer's half (which may land before this expect_tx: the phase still waits for it).
-          mbar_expect_tx(&full[s], static_cast<uint32_t>(kPpStageBytes));
+          const int s = acquire_stage<kPpStages>(g, full, empty, static_cast<uint32_t>(kPpStageBytes));
           if (pr.share_a) {
-            tma_load_multicast(tile_a(s) + rank * kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + half, z, 0x3);
-            tma_load(tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
-            tma_load(tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
+            tma_load_multicast(sh.tile_a(s) + rank * kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + half, z, 0x3);
+            tma_load(sh.tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
+            tma_load(sh.tile_b(s) + kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + 64, z);
           } else {
-            tma_load(tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
-            tma_load(tile_a(s) + kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + 64, z);
-            tma_load_multicast(tile_b(s) + rank * kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + half, z, 0x3);
+            tma_load(sh.tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
+            tma_load(sh.tile_a(s) + kHalfTileBytes, &map_a, &full[s], kt * kBK, row0 + 64, z);
+            tma_load_multicast(sh.tile_b(s) + rank * kHalfTileBytes, &map_b, &full[s], kt * kBK, col0 + half, z, 0x3);
           }
         }
       }
