@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
-  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).
   const char* only = std::getenv("SYM_BENCH_SHAPE");
   if (only) shapes = {shapes.at(std::atoi(only))};
@@ -124,17 +124,18 @@ int main(int argc, char** argv) {
         {dense, blocks(512), blocks(1024), native, path(ORTHOPT_SYM_WGMMA), path(ORTHOPT_SYM_WGMMA_PINGPONG),
          path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_PINGPONG, true), path(ORTHOPT_SYM_WGMMA_COOP, true),
          path(ORTHOPT_SYM_DENSE), path(ORTHOPT_SYM_AUTO), path(ORTHOPT_SYM_WGMMA_PAIR),
-         path(ORTHOPT_SYM_WGMMA_PAIR, true)},
+         path(ORTHOPT_SYM_WGMMA_PAIR, true), path(ORTHOPT_SYM_WGMMA_WIDE), path(ORTHOPT_SYM_WGMMA_WIDE, true)},
         3, repeats);
     const double t_dense = t[0], t512 = t[1], t1024 = t[2], tnat = t[3], twg = t[4], tpp = t[5], tco = t[6],
-                 tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10], tpair = t[11], tpairc = t[12];
+                 tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10], tpair = t[11], tpairc = t[12], twide = t[13],
+                 twidec = t[14];
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
     const char* ap_name = orthopt_k::sym_path_name(ap);
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
-                "| %.3f | %s | %.2f | %.0f | %.0f |\n",
+                "| %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,
-                tpair, tpairc, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9, flops / tauto * 1e-9);
+                tpair, tpairc, twide, twidec, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9, flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(C);
     cudaFree(D);

@@ -40,7 +40,12 @@ typedef enum {
   ORTHOPT_SYM_WGMMA_PAIR = 7 /* PINGPONG on clusters of two CTAs (two multiprocessors) that take
                                 two tiles sharing one operand tile, each CTA loading half of it
                                 for both by TMA multicast: 25% fewer operand bytes per CTA, the
-                                epilogue still hidden */
+                                epilogue still hidden */,
+  ORTHOPT_SYM_WGMMA_WIDE = 8 /* PINGPONG with each consumer warpgroup's unit 64 rows × 256
+                                columns (two lower tiles of a block row) and one wgmma
+                                m64n256k16 per step: fewer shared-memory operand reads per
+                                multiply-add, more operand bytes from L2; slower than
+                                PINGPONG on an H200 (docs/gpu.md) */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

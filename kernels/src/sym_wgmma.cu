@@ -149,6 +149,56 @@ __device__ __forceinline__ void wgmma_m64n128k16<__half>(float (&d)[64], uint64_
 }
 #undef ORTHOPT_WGMMA_M64N128K16
 
+// D[64×256] (+)= A[64×16] · B[256×16]ᵀ: d[0] holds columns 0..127, d[1] columns 128..255, each
+// in the m64n128 accumulator layout (the n256 layout continues the n128 one column block by
+// column block).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[2][64], uint64_t da, uint64_t db, int scale_d);
+#define ORTHOPT_WGMMA_M64N256K16(TYPE)                                                              \
+  ORTHOPT_SM90A_ASM(                                                                               \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                               \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                               \
+      "{" \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63," \
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127" \
+      "}, %128, %129, p, 1, 1, 0, 0;\n" \
+      "}\n" \
+      : \
+        "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]), \
+        "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]), "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]), \
+        "+f"(d[0][16]), "+f"(d[0][17]), "+f"(d[0][18]), "+f"(d[0][19]), "+f"(d[0][20]), "+f"(d[0][21]), "+f"(d[0][22]), "+f"(d[0][23]), \
+        "+f"(d[0][24]), "+f"(d[0][25]), "+f"(d[0][26]), "+f"(d[0][27]), "+f"(d[0][28]), "+f"(d[0][29]), "+f"(d[0][30]), "+f"(d[0][31]), \
+        "+f"(d[0][32]), "+f"(d[0][33]), "+f"(d[0][34]), "+f"(d[0][35]), "+f"(d[0][36]), "+f"(d[0][37]), "+f"(d[0][38]), "+f"(d[0][39]), \
+        "+f"(d[0][40]), "+f"(d[0][41]), "+f"(d[0][42]), "+f"(d[0][43]), "+f"(d[0][44]), "+f"(d[0][45]), "+f"(d[0][46]), "+f"(d[0][47]), \
+        "+f"(d[0][48]), "+f"(d[0][49]), "+f"(d[0][50]), "+f"(d[0][51]), "+f"(d[0][52]), "+f"(d[0][53]), "+f"(d[0][54]), "+f"(d[0][55]), \
+        "+f"(d[0][56]), "+f"(d[0][57]), "+f"(d[0][58]), "+f"(d[0][59]), "+f"(d[0][60]), "+f"(d[0][61]), "+f"(d[0][62]), "+f"(d[0][63]), \
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]), \
+        "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]), "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]), \
+        "+f"(d[1][16]), "+f"(d[1][17]), "+f"(d[1][18]), "+f"(d[1][19]), "+f"(d[1][20]), "+f"(d[1][21]), "+f"(d[1][22]), "+f"(d[1][23]), \
+        "+f"(d[1][24]), "+f"(d[1][25]), "+f"(d[1][26]), "+f"(d[1][27]), "+f"(d[1][28]), "+f"(d[1][29]), "+f"(d[1][30]), "+f"(d[1][31]), \
+        "+f"(d[1][32]), "+f"(d[1][33]), "+f"(d[1][34]), "+f"(d[1][35]), "+f"(d[1][36]), "+f"(d[1][37]), "+f"(d[1][38]), "+f"(d[1][39]), \
+        "+f"(d[1][40]), "+f"(d[1][41]), "+f"(d[1][42]), "+f"(d[1][43]), "+f"(d[1][44]), "+f"(d[1][45]), "+f"(d[1][46]), "+f"(d[1][47]), \
+        "+f"(d[1][48]), "+f"(d[1][49]), "+f"(d[1][50]), "+f"(d[1][51]), "+f"(d[1][52]), "+f"(d[1][53]), "+f"(d[1][54]), "+f"(d[1][55]), \
+        "+f"(d[1][56]), "+f"(d[1][57]), "+f"(d[1][58]), "+f"(d[1][59]), "+f"(d[1][60]), "+f"(d[1][61]), "+f"(d[1][62]), "+f"(d[1][63]) \
+      : "l"(da), "l"(db), "r"(scale_d))
+
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float (&d)[2][64], uint64_t da, uint64_t db,
+                                                                 int scale_d) {
+  ORTHOPT_WGMMA_M64N256K16("bf16");
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&d)[2][64], uint64_t da, uint64_t db, int scale_d) {
+  ORTHOPT_WGMMA_M64N256K16("f16");
+}
+#undef ORTHOPT_WGMMA_M64N256K16
+
 // Stores out[0..1] at p[0..1] where wrote[q]; one 4-byte store when both are written and p is
 // 4-byte aligned.
 template <typename T>
@@ -333,82 +383,98 @@ __device__ __forceinline__ PairOf<T> pair_from_bits(uint32_t b) {
   return p;
 }
 
-// A 128×128 C tile in shared memory as two TMA boxes of 64 columns (128-byte rows, 128-byte
-// swizzle: 16-byte chunk j of row r sits at chunk j ^ (r % 8)); the pair at (r, c), c even.
+// A C tile in shared memory as TMA boxes of BoxRows rows × 64 columns (128-byte rows, 128-byte
+// swizzle: 16-byte chunk j of row r sits at chunk j ^ (r % 8)), one box after the other; the
+// pair at (r, c), c even. The ping-pong kernels' 128×128 tiles are two boxes of 128 rows.
 constexpr size_t kCTileBytes = size_t(kBM) * kBM * 2;
-template <typename T>
+template <typename T, int BoxRows = kBM>
 __device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r, int c) {
   const int box = c >> 6, cc = c & 63;
-  const int off = box * (kBM * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
+  const int off = box * (BoxRows * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
   return *reinterpret_cast<const PairOf<T>*>(cs + off);
 }
 
-// The epilogue of one 128×128 tile held by a warpgroup (acc0: rows 0..63, acc1: rows 64..127,
-// wgmma m64n128 layout), per 8×8 accumulator block (rows rb.., columns cb..): lane l holds row
-// l/4, columns 2(l%4) + {0, 1}; α, β·C, diag·I and the rounding in registers; the rounded pair
-// is stored in place where on or below the diagonal, then transposed inside the warp and stored
-// mirrored where the source lies strictly below the diagonal. C from the shared tile Cs when
-// given, else from Cz (this matrix's C in global memory, or NULL); Dz: this matrix's D.
+// The epilogue of 64 rows × 128 columns of a lower tile held by a warpgroup (one wgmma m64n128
+// accumulator; row0, col0: the global position of its first element), per 8×8 accumulator block
+// (rows rb.., columns cb..): lane l holds row l/4, columns 2(l%4) + {0, 1}; α, β·C, diag·I and
+// the rounding in registers; the rounded pair is stored in place where on or below the
+// diagonal, then transposed inside the warp and stored mirrored where the source lies strictly
+// below the diagonal. C from the shared tile Cs (boxes of CBoxRows rows, these rows from row
+// c_row0 on) when given, else from Cz (this matrix's C in global memory, or NULL); Dz: this
+// matrix's D. With MayBeUpper and upper, the accumulator is instead the transpose of a lower
+// tile, at its mirrored (upper) place: stored in place on or above the diagonal and mirrored
+// where the source lies strictly above it (the wide kernel's tiles of block column 0).
+template <typename T, int CBoxRows, bool MayBeUpper = false>
+__device__ __forceinline__ void store_half_lower_mirrored(const float (&acc)[64], const unsigned char* Cs, int c_row0,
+                                                          const T* __restrict__ Cz, T* __restrict__ Dz, int m, int row0,
+                                                          int col0, float alpha, float beta, float diag,
+                                                          bool upper = false) {
+  // Whether D's (r, c) lies on the side of the diagonal (or on it) that the tile is stored on.
+  auto keep = [&](int r, int c) { return MayBeUpper && upper ? c >= r : c <= r; };
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+  constexpr int kGroup = 4;  // accumulator column blocks per batch of global C loads
+#pragma unroll
+  for (int j0 = 0; j0 < 16; j0 += kGroup) {
+    // Global β·C: the group's 2·kGroup pairs are loaded before any is used, so their
+    // latencies overlap.
+    PairOf<T> cpair[2 * kGroup];
+#pragma unroll
+    for (int j = j0; j < j0 + kGroup; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = 16 * warp + 8 * half + lane / 4, c = 8 * j + 2 * (lane % 4);
+        const int gr = row0 + r, gc = col0 + c;
+        PairOf<T>& cp = cpair[2 * (j - j0) + half];
+        if (Cs) {
+          cp = c_tile_pair<T, CBoxRows>(Cs, c_row0 + r, c);
+        } else if (Cz) {
+          const T* src = Cz + static_cast<int64_t>(gr) * m + gc;
+          if (gr < m && gc + 1 < m && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+            cp = *reinterpret_cast<const PairOf<T>*>(src);
+          } else {
+            cp.v[0] = gr < m && gc < m ? src[0] : Elem<T>::make(0.0f);
+            cp.v[1] = gr < m && gc + 1 < m ? src[1] : Elem<T>::make(0.0f);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = j0; j < j0 + kGroup; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int rb = row0 + 16 * warp + 8 * half, cb = col0 + 8 * j;
+        const int gr = rb + lane / 4, gc = cb + 2 * (lane % 4);
+        PairOf<T> out;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          float v = alpha * acc[4 * j + 2 * half + q];
+          if (Cs || Cz) v += beta * Elem<T>::load(&cpair[2 * (j - j0) + half].v[q]);
+          if (gr == gc + q) v += diag;
+          out.v[q] = Elem<T>::make(v);
+        }
+        const bool in_place[2] = {gr < m && gc < m && keep(gr, gc), gr < m && gc + 1 < m && keep(gr, gc + 1)};
+        store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
+        const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
+        // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q), written where
+        // the source lies strictly on the stored side (the diagonal is written in place).
+        const int mr = cb + lane / 4, mc = rb + 2 * (lane % 4);
+        const bool mirrored[2] = {mr < m && mc < m && keep(mc, mr) && mc != mr,
+                                  mr < m && mc + 1 < m && keep(mc + 1, mr) && mc + 1 != mr};
+        store_pair(Dz + static_cast<int64_t>(mr) * m + mc, t.v, mirrored);
+      }
+    }
+  }
+}
+
+// The epilogue of one 128×128 tile held by a warpgroup (acc0: rows 0..63, acc1: rows 64..127),
+// C from a 128×128 shared tile Cs (two boxes of 128 rows) or as above.
 template <typename T>
 __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64], const float (&acc1)[64],
                                                           const unsigned char* Cs, const T* __restrict__ Cz,
                                                           T* __restrict__ Dz, int m, int row0, int col0, float alpha,
                                                           float beta, float diag) {
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-  constexpr int kGroup = 4;  // accumulator column blocks per batch of global C loads
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float* acc = h ? acc1 : acc0;
-#pragma unroll
-    for (int j0 = 0; j0 < 16; j0 += kGroup) {
-      // Global β·C: the group's 2·kGroup pairs are loaded before any is used, so their
-      // latencies overlap.
-      PairOf<T> cpair[2 * kGroup];
-#pragma unroll
-      for (int j = j0; j < j0 + kGroup; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = 64 * h + 16 * warp + 8 * half + lane / 4, c = 8 * j + 2 * (lane % 4);
-          const int gr = row0 + r, gc = col0 + c;
-          PairOf<T>& cp = cpair[2 * (j - j0) + half];
-          if (Cs) {
-            cp = c_tile_pair<T>(Cs, r, c);
-          } else if (Cz) {
-            const T* src = Cz + static_cast<int64_t>(gr) * m + gc;
-            if (gr < m && gc + 1 < m && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
-              cp = *reinterpret_cast<const PairOf<T>*>(src);
-            } else {
-              cp.v[0] = gr < m && gc < m ? src[0] : Elem<T>::make(0.0f);
-              cp.v[1] = gr < m && gc + 1 < m ? src[1] : Elem<T>::make(0.0f);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int j = j0; j < j0 + kGroup; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int rb = row0 + 64 * h + 16 * warp + 8 * half, cb = col0 + 8 * j;
-          const int gr = rb + lane / 4, gc = cb + 2 * (lane % 4);
-          PairOf<T> out;
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            float v = alpha * acc[4 * j + 2 * half + q];
-            if (Cs || Cz) v += beta * Elem<T>::load(&cpair[2 * (j - j0) + half].v[q]);
-            if (gr == gc + q) v += diag;
-            out.v[q] = Elem<T>::make(v);
-          }
-          const bool in_place[2] = {gr < m && gc < m && gc <= gr, gr < m && gc + 1 < m && gc + 1 <= gr};
-          store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
-          const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
-          // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q).
-          const int mr = cb + lane / 4, mc = rb + 2 * (lane % 4);
-          const bool mirrored[2] = {mr < m && mc < m && mr < mc, mr < m && mc + 1 < m && mr < mc + 1};
-          store_pair(Dz + static_cast<int64_t>(mr) * m + mc, t.v, mirrored);
-        }
-      }
-    }
-  }
+  store_half_lower_mirrored<T, kBM>(acc0, Cs, 0, Cz, Dz, m, row0, col0, alpha, beta, diag);
+  store_half_lower_mirrored<T, kBM>(acc1, Cs, 64, Cz, Dz, m, row0 + 64, col0, alpha, beta, diag);
 }
 
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
@@ -945,6 +1011,165 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   cluster_sync();
 }
 
+// ---- Persistent ping-pong kernel with 64×256 warpgroup tiles (ORTHOPT_SYM_WGMMA_WIDE) ----
+// The ping-pong kernel's organization (producer warp, ring of stages, two consumer warpgroups
+// taking units in turn on the tensor cores, register epilogue hidden under the other's main
+// loop), with the warpgroup's 128 accumulators spent on 64 rows × 256 columns instead of
+// 128 × 128: one wgmma m64n256k16 per 16-deep step instead of two m64n128k16, which reads
+// 5120 operand elements from shared memory per 64·256·16 multiply-adds instead of 6144
+// (Nsight Compute put ping-pong's L1/shared throughput at 81% at 88×2048²). The 256 columns
+// are the two lower 128×128 tiles of a pair of the pair kernel's lower_pair; unit n of a CTA is
+// the 64-row half n mod 2 of its pair n / 2, so warpgroup w always takes half w. A pair of one
+// block row i, tiles (i, j1) and (i, j2), is A's rows of block i against B's rows of blocks j1
+// and j2. A pair down block column 0, tiles (i1, 0) and (i2, 0), is computed transposed, B's
+// rows of block 0 against A's rows of blocks i1 and i2: the same products, giving the tiles
+// (0, i1) and (0, i2) of the lower triangle's mirror, which the epilogue stores in place above
+// the diagonal and mirrored below it (C is symmetric by contract, so C at the upper place is
+// C at the lower one). A stage is 40 KiB: the A half (64 rows) and two 128-row B tiles, 25%
+// more operand bytes from L2 per multiply-add than ping-pong's 32 KiB per 128·128·64 (the pair
+// kernel found fewer L2 bytes did not speed ping-pong up). β·C by TMA as in ping-pong, per
+// warpgroup a 64×256 C buffer (four 64×64 boxes).
+// On an H200 (2026-12-01, tenth session, bench/results/2026-12-01-h200-wide.md) it was correct
+// and slower everywhere: 1.22x ping-pong's time at 4096², 1.55x at 8192², 1.27x at 88×2048²;
+// Nsight Compute at 88×2048²: 17% fewer shared-memory wavefronts, as designed, but every unit
+// below 62% of peak (ping-pong: 77–81%), with more warps waiting on instruction fetch and on
+// wgmma completion. AUTO does not take it.
+constexpr int kWideStages = 4;
+constexpr int kWideRows = 64;                                    // rows of a warpgroup's unit
+constexpr size_t kWideATile = size_t(kWideRows) * kBK * 2;       // 8 KiB
+constexpr size_t kWideStageBytes = kWideATile + 2 * kTileBytes;  // + two 128-row B tiles: 40 KiB
+constexpr size_t kWideCBytes = size_t(kWideRows) * 2 * kBM * 2;  // 64 × 256 C per warpgroup: 32 KiB
+constexpr size_t kWideCHalfBytes = kWideCBytes / 2;              // the C of one of the two tiles
+template <bool CTma>
+constexpr size_t wide_smem_bytes() {
+  return 1024 + size_t(kWideStages) * kWideStageBytes + (CTma ? 2 * kWideCBytes : 0) +
+         (2 * kWideStages + 4) * sizeof(uint64_t);
+}
+static_assert(wide_smem_bytes<true>() <= 227 * 1024, "the wide kernel's shared memory exceeds 227 KiB");
+
+// One warpgroup unit of matrix z: D's rows row .. row + 63 against the 128 columns col[b] .. of
+// tile b (b = 0, 1), computed from the first operand's rows row .. and the second's rows
+// col[b] ..; transposed: the first operand is B and the second A (a pair down block column 0,
+// its tiles' mirrors). second: tile 1 is stored (a tile paired with itself is computed twice
+// and stored once).
+struct WideUnit {
+  int z, row, col[2];
+  bool transposed, second;
+};
+__device__ __forceinline__ WideUnit locate_wide(int64_t n, int64_t pairs_per_mat, int t) {
+  const int64_t item = blockIdx.x + (n >> 1) * gridDim.x;
+  const int h = static_cast<int>(n & 1);
+  const TilePair pr = lower_pair(item % pairs_per_mat, t);
+  WideUnit u;
+  u.z = static_cast<int>(item / pairs_per_mat);
+  u.transposed = !pr.share_a;
+  u.row = (pr.share_a ? pr.ti[0] : pr.tj[0]) * kBM + kWideRows * h;
+  for (int b = 0; b < 2; ++b) u.col[b] = (pr.share_a ? pr.tj[b] : pr.ti[b]) * kBM;
+  u.second = pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
+  return u;
+}
+
+// map_a, map_b: boxes of 64 rows; map_a_tiles, map_b_tiles: 128 rows (the 256 columns' operand
+// tiles); map_c: 64 rows.
+template <typename T, bool CTma>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_wide_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const __grid_constant__ CUtensorMap map_a_tiles,
+                          const __grid_constant__ CUtensorMap map_b_tiles, const __grid_constant__ CUtensorMap map_c,
+                          const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m, int k,
+                          float alpha, float beta, float diag, int64_t pairs_per_mat, int64_t total_pairs) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* cbuf = ring + size_t(kWideStages) * kWideStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kWideCBytes : 0));
+  uint64_t *empty = full + kWideStages, *c_full = empty + kWideStages, *c_empty = c_full + 2;
+  const bool c_by_tma = CTma && C != nullptr;
+  const int t = (m + kBM - 1) / kBM;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_units = 2 * ((total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  if (tid == 0) init_pingpong_barriers<kWideStages>(full, empty, c_full, c_empty, 1);
+  __syncthreads();
+
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (tid == 256) {
+      int64_t g = 0;
+      for (int64_t n = 0; n < my_units; ++n) {
+        const WideUnit u = locate_wide(n, pairs_per_mat, t);
+        // The second half of a ragged last block row can lie wholly past m, a box outside the
+        // tensor. Its rows are never stored, so any rows in bounds do (row 0).
+        const int row = u.row < m ? u.row : 0;
+        if (c_by_tma) {  // unit n's C into warpgroup (n mod 2)'s buffer, once it has read unit n - 2's
+          const int w = static_cast<int>(n & 1);
+          const int64_t q = n >> 1;
+          if (q > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((q - 1) & 1));
+          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kWideCBytes));
+          for (int b = 0; b < 2; ++b)
+            for (int x = 0; x < 2; ++x)
+              tma_load(cbuf + w * kWideCBytes + b * kWideCHalfBytes + x * (kWideCHalfBytes / 2), &map_c, &c_full[w],
+                       u.col[b] + 64 * x, row, u.z);
+        }
+        const CUtensorMap* first = u.transposed ? &map_b : &map_a;
+        const CUtensorMap* second = u.transposed ? &map_a_tiles : &map_b_tiles;
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = acquire_stage<kWideStages>(g, full, empty, static_cast<uint32_t>(kWideStageBytes));
+          unsigned char* a = ring + static_cast<size_t>(s) * kWideStageBytes;
+          tma_load(a, first, &full[s], kt * kBK, row, u.z);
+          tma_load(a + kWideATile, second, &full[s], kt * kBK, u.col[0], u.z);
+          tma_load(a + kWideATile + kTileBytes, second, &full[s], kt * kBK, u.col[1], u.z);
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int w = wg, lt = tid % 128;
+  for (int64_t n = w; n < my_units; n += 2) {
+    const WideUnit u = locate_wide(n, pairs_per_mat, t);
+    // As in ping-pong: the other warpgroup has issued the last wgmma of unit n - 1.
+    if (n > 0) named_bar_sync(1 + w, 256);
+    float acc[2][64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+    int64_t g = n * ktiles;
+    for (int kt = 0; kt < ktiles; ++kt, ++g) {
+      const int s = static_cast<int>(g % kWideStages);
+      mbar_wait(&full[s], static_cast<uint32_t>((g / kWideStages) & 1));
+      const unsigned char* a = ring + static_cast<size_t>(s) * kWideStageBytes;
+      const uint64_t da = smem_desc(a), db = smem_desc(a + kWideATile);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, da + 2 * kk, db + 2 * kk, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kWideStages]);
+    }
+    if (n + 1 < my_units) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
+    wgmma_wait<0>();
+    if (lt == 0) mbar_arrive(&empty[(g - 1) % kWideStages]);
+
+    const unsigned char* cs = nullptr;
+    if (c_by_tma) {
+      cs = cbuf + w * kWideCBytes;
+      mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+    }
+    const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
+    T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
+    store_half_lower_mirrored<T, kWideRows, true>(acc[0], cs, 0, Cz, Dz, m, u.row, u.col[0], alpha, beta, diag,
+                                                  u.transposed);
+    if (u.second)
+      store_half_lower_mirrored<T, kWideRows, true>(acc[1], cs ? cs + kWideCHalfBytes : nullptr, 0, Cz, Dz, m, u.row,
+                                                    u.col[1], alpha, beta, diag, u.transposed);
+    if (c_by_tma) {
+      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read its C buffer
+      if (lt == 0) mbar_arrive(&c_empty[w]);
+    }
+  }
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
 // binaries still load on machines without a driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -1022,13 +1247,13 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
 // of [m, m] operands in boxes of 128 rows × 64 columns, *by_tma set. Otherwise (or without C) the
 // kernels read C from global memory, and *map_c is a zeroed, unused parameter.
 orthopt_status make_c_map(CUtensorMap* map_c, bool* by_tma, orthopt_dtype dtype, const void* C, int64_t batch,
-                          int64_t m, int64_t stride_c) {
+                          int64_t m, int64_t stride_c, int box_rows = kBM) {
   *by_tma = C && m % 8 == 0 && (reinterpret_cast<uintptr_t>(C) % 16) == 0 && stride_c % 8 == 0;
   if (!*by_tma) {
     *map_c = CUtensorMap{};
     return ORTHOPT_OK;
   }
-  return make_map(map_c, dtype, C, batch, m, m, stride_c);
+  return make_map(map_c, dtype, C, batch, m, m, stride_c, box_rows);
 }
 
 // The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
@@ -1137,6 +1362,37 @@ orthopt_status launch_pair(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
                                         per_matrix, total, stream);
 }
 
+// The wide kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the pair list.
+template <typename T>
+orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A, int64_t stride_a,
+                           const void* B, int64_t stride_b, float alpha, const void* C, int64_t stride_c, float beta,
+                           float diag, void* D, int64_t stride_d, cudaStream_t stream) {
+  CUtensorMap map_a, map_b, map_a_tiles, map_b_tiles, map_c;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a, kWideRows));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b, kWideRows));
+  ORTHOPT_STATUS_TRY(make_map(&map_a_tiles, dtype, A, batch, m, k, stride_a));
+  ORTHOPT_STATUS_TRY(make_map(&map_b_tiles, dtype, B, batch, m, k, stride_b));
+  bool c_by_tma = false;
+  ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c, kWideRows));
+  const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
+  auto run = [&](auto c_tma) -> orthopt_status {
+    constexpr bool kCByTma = decltype(c_tma)::value;
+    constexpr auto kernel = sym_wgmma_wide_kernel<T, kCByTma>;
+    constexpr size_t smem_bytes = wide_smem_bytes<kCByTma>();
+    int sm_count = 0;
+    ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
+    const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
+    kernel<<<grid, kPpThreads, smem_bytes, stream>>>(map_a, map_b, map_a_tiles, map_b_tiles, map_c,
+                                                     static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d,
+                                                     static_cast<int>(m), static_cast<int>(k), alpha, beta, diag,
+                                                     per_matrix, total);
+    return ORTHOPT_OK;
+  };
+  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
 }  // namespace
 
 int sym_wgmma_pair_clusters() {
@@ -1175,6 +1431,7 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
   auto by_path = [&](auto elem) {
     using T = decltype(elem);
     if (path == ORTHOPT_SYM_WGMMA_PAIR) return run(launch_pair<T>);
+    if (path == ORTHOPT_SYM_WGMMA_WIDE) return run(launch_wide<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     return run(launch<T>);

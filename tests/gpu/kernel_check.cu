@@ -1200,9 +1200,10 @@ int main(int argc, char** argv) {
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR}) {
-      const bool persistent =
-          path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP || path == ORTHOPT_SYM_WGMMA_PAIR;
+                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
+                                  ORTHOPT_SYM_WGMMA_WIDE}) {
+      const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
+                              path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE;
       const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
@@ -1224,12 +1225,16 @@ int main(int argc, char** argv) {
       // wide tiles per CTA, with C (3 stages) and without (4 stages, no C barriers between tiles).
       // The pair kernel likewise (several pairs per cluster, the ring wrapping within a pair),
       // and 4 block rows: pairs sharing A and pairs down column 0 with no tile paired with
-      // itself (2, 3, 5, 6 and 8 block rows above and below have one).
-      if (path == ORTHOPT_SYM_WGMMA_COOP || path == ORTHOPT_SYM_WGMMA_PAIR) {
+      // itself (2, 3, 5, 6 and 8 block rows above and below have one). The wide kernel takes the
+      // pair kernel's pairs (those down column 0 transposed), 64-row halves of them by turns; at
+      // m = 130 and 136 the second half of the last block row lies wholly past m.
+      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE;
+      if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
       }
-      if (path == ORTHOPT_SYM_WGMMA_PAIR) check_sym(dt, path, 3, 512, 328, true, true, rng);
+      if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
+      if (path == ORTHOPT_SYM_WGMMA_WIDE) check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
