@@ -366,18 +366,32 @@ __global__ void __launch_bounds__(kThreads)
   void* P = t.ptr[2][i];
   const bool vec =
       vec_aligned(W, a.weight_dtype) && vec_aligned(D, a.direction_dtype) && vec_aligned(P, a.param_dtype);
+  const float* scale = kRowScaled ? static_cast<const float*>(t.ptr[kRowScaled ? 3 : 0][i]) : nullptr;
+  const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
+  // Packs start at multiples of kVec in the tensor (block chunks are), so with whole packs per
+  // row a pack lies in one row: one division and one factor load per pack, issued with the
+  // pack's loads rather than after them (NorMuon's rows: 768 to 8192 columns).
+  const bool pack_in_row = a.cols % kVec == 0;
   for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
     Pack w[kIlp], d[kIlp];
+    float row_scale[kIlp];
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
-      load_pack(W, pack_start(base, r), end, a.weight_dtype, vec, w[r]);
-      load_pack(D, pack_start(base, r), end, a.direction_dtype, vec, d[r]);
+      const int64_t e0 = pack_start(base, r);
+      load_pack(W, e0, end, a.weight_dtype, vec, w[r]);
+      load_pack(D, e0, end, a.direction_dtype, vec, d[r]);
+      if (kRowScaled && pack_in_row) row_scale[r] = e0 < end ? scale[row_of(e0, a.cols, narrow)] : 0.0f;
     }
     if constexpr (kRowScaled) {
-      const float* scale = static_cast<const float*>(t.ptr[kRowScaled ? 3 : 0][i]);
-      const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
 #pragma unroll
-      for (int r = 0; r < kIlp; ++r) scale_rows(d[r], pack_start(base, r), end, scale, a.cols, narrow);
+      for (int r = 0; r < kIlp; ++r) {
+        if (pack_in_row) {
+#pragma unroll
+          for (int q = 0; q < kVec; ++q) d[r][q] = __fmul_rn(d[r][q], row_scale[r]);
+        } else {
+          scale_rows(d[r], pack_start(base, r), end, scale, a.cols, narrow);
+        }
+      }
     }
     store_updated(W, P, w, d, base, end, vec, a.decay.mode, c, a.weight_dtype, a.param_dtype);
   }
