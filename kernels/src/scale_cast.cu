@@ -20,6 +20,8 @@
 // be captured in a CUDA graph.
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "internal.h"
 
@@ -162,6 +164,16 @@ __global__ void __launch_bounds__(kTx* kTy, 4)
   }
 }
 
+// ORTHOPT_TRANSPOSE_PAIRS=0 keeps the transposing kernel at one element per access even where
+// pairs are possible (A/B timings of the two in one build).
+bool transpose_pairs_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("ORTHOPT_TRANSPOSE_PAIRS");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return allowed;
+}
+
 size_t element_size(orthopt_dtype t) { return t == ORTHOPT_FP32 ? 4 : 2; }
 
 bool valid_scale_cast_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
@@ -197,7 +209,7 @@ orthopt_status launch(int64_t batch, int64_t rows, int64_t cols, const void* in_
     // Pairs: every pair of an even row length starts at an even element of a matrix of an even
     // number of elements, so pointers aligned to two elements keep every pair access aligned.
     const bool pairs = rows % 2 == 0 && cols % 2 == 0 && reinterpret_cast<uintptr_t>(in) % (2 * sizeof(TIn)) == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % (2 * sizeof(TOut)) == 0;
+                       reinterpret_cast<uintptr_t>(out) % (2 * sizeof(TOut)) == 0 && transpose_pairs_allowed();
     if (pairs)
       scale_cast_transpose_kernel<TIn, TOut, true>
           <<<grid, dim3(kTx, kTy), 0, stream>>>(batch, rows, cols, tiles_c, in, norm, safety, eps, out);
