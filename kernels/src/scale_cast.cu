@@ -11,17 +11,15 @@
 // nearest even in the output type. Widening bf16/fp16 to fp32 is exact. So the kernel matches
 // the ATen reference bit for bit, whatever the layout.
 //
-// Paths: transpose → 64×64 tiles through shared memory (fp32 tile padded by one column; global
-// reads and writes coalesced along rows of the input and of the output, two elements per access
-// where rows, columns and pointers allow); no transpose (or a
+// Paths: transpose → 64×64 tiles through shared memory (fp32 tile padded by one column, so both
+// the row-wise writes and the column-wise reads of the tile are free of bank conflicts; global
+// reads and writes are coalesced along rows of the input and of the output); no transpose (or a
 // transpose of a single row or column, which does not move anything) → elementwise, 16-byte
 // loads and stores when both pointers are aligned and every matrix holds a whole number of
 // vectors, scalar otherwise. Nothing is allocated and nothing waits for the host, so calls can
 // be captured in a CUDA graph.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "internal.h"
 
@@ -93,21 +91,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // out[b] = op(in[b])ᵀ: block (t, y) moves tile t of the matrices b = y, y + gridDim.y, ...
 // Tile t covers input rows [r0, r0 + 64) and columns [c0, c0 + 64); thread (tx, ty) reads input
-// elements (r0 + ty + 8i, c0 + col(tx, j)) and writes output elements (c0 + ty + 8i, r0 +
-// col(tx, j)), i < 8, j < 2: a warp reads and writes 64 elements of one row. With Pairs,
-// col(tx, j) = 2tx + j and each thread moves its two elements as one access (even rows and
-// columns, pointers aligned to two elements: 4- or 8-byte accesses, 128 or 256 bytes per warp);
-// otherwise col(tx, j) = tx + 32j, one element per access. The tile's element pairs then sit in
-// adjacent words: 2-way bank conflicts, against a kernel bound by global memory.
-template <typename TIn, typename TOut, bool Pairs>
+// elements (r0 + ty + 8i, c0 + tx + 32j) and writes output elements (c0 + ty + 8i, r0 + tx + 32j),
+// i < 8, j < 2: a warp reads and writes 32 consecutive elements of one row.
+template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kTx* kTy, 4)
     scale_cast_transpose_kernel(int64_t batch, int64_t rows, int64_t cols, int64_t tiles_c,
                                 const TIn* __restrict__ in, const float* __restrict__ norm, float safety, float eps,
                                 TOut* __restrict__ out) {
   __shared__ float tile[kTile][kTile + 1];  // +1: the column-wise reads hit 32 different banks
   constexpr int kRowsPerThread = kTile / kTy, kColsPerThread = kTile / kTx;
-  static_assert(kColsPerThread == 2, "a thread's columns are one pair");
-  auto col = [](int tx, int j) { return Pairs ? 2 * tx + j : tx + kTx * j; };
   const int64_t t = blockIdx.x;
   const int64_t r0 = (t / tiles_c) * kTile, c0 = (t % tiles_c) * kTile;
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
@@ -117,20 +109,12 @@ __global__ void __launch_bounds__(kTx* kTy, 4)
     TOut* dst = out + b * mat;
     float v[kRowsPerThread][kColsPerThread];
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int64_t r = r0 + ty + kTy * i;
-      if (Pairs && r < rows && c0 + col(tx, 1) < cols) {
-        const Pack<TIn, 2> x = *reinterpret_cast<const Pack<TIn, 2>*>(src + r * cols + c0 + col(tx, 0));
-        v[i][0] = widen(x.v[0]);
-        v[i][1] = widen(x.v[1]);
-        continue;
-      }
+    for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < kColsPerThread; ++j) {
-        const int64_t c = c0 + col(tx, j);
+        const int64_t r = r0 + ty + kTy * i, c = c0 + tx + kTx * j;
         v[i][j] = r < rows && c < cols ? widen(src[r * cols + c]) : 0.0f;
       }
-    }
     if (norm) {
       const float d = divisor(norm, b, safety, eps);
 #pragma unroll
@@ -141,37 +125,17 @@ __global__ void __launch_bounds__(kTx* kTy, 4)
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
-      for (int j = 0; j < kColsPerThread; ++j) tile[ty + kTy * i][col(tx, j)] = v[i][j];
+      for (int j = 0; j < kColsPerThread; ++j) tile[ty + kTy * i][tx + kTx * j] = v[i][j];
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int64_t c = c0 + ty + kTy * i;  // output row c, columns r0 + col(tx, j)
-      if (c >= cols) continue;
-      if (Pairs && r0 + col(tx, 1) < rows) {
-        Pack<TOut, 2> y;
-        y.v[0] = narrow<TOut>(tile[col(tx, 0)][ty + kTy * i]);
-        y.v[1] = narrow<TOut>(tile[col(tx, 1)][ty + kTy * i]);
-        *reinterpret_cast<Pack<TOut, 2>*>(dst + c * rows + r0 + col(tx, 0)) = y;
-        continue;
-      }
+    for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
       for (int j = 0; j < kColsPerThread; ++j) {
-        const int64_t r = r0 + col(tx, j);
-        if (r < rows) dst[c * rows + r] = narrow<TOut>(tile[col(tx, j)][ty + kTy * i]);
+        const int64_t c = c0 + ty + kTy * i, r = r0 + tx + kTx * j;  // output row c, column r
+        if (c < cols && r < rows) dst[c * rows + r] = narrow<TOut>(tile[tx + kTx * j][ty + kTy * i]);
       }
-    }
     __syncthreads();  // the tile is rewritten for the next matrix
   }
-}
-
-// ORTHOPT_TRANSPOSE_PAIRS=0 keeps the transposing kernel at one element per access even where
-// pairs are possible (A/B timings of the two in one build).
-bool transpose_pairs_allowed() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("ORTHOPT_TRANSPOSE_PAIRS");
-    return !(v && std::string_view(v) == "0");
-  }();
-  return allowed;
 }
 
 size_t element_size(orthopt_dtype t) { return t == ORTHOPT_FP32 ? 4 : 2; }
@@ -206,16 +170,8 @@ orthopt_status launch(int64_t batch, int64_t rows, int64_t cols, const void* in_
       return fail(ORTHOPT_ERR_INVALID, "orthopt_scale_cast: arguments 'rows' x 'cols' = %lld x %lld are too large "
                   "to transpose in one launch", (long long)rows, (long long)cols);
     const dim3 grid(static_cast<unsigned>(tiles_r * tiles_c), static_cast<unsigned>(batch < kMaxGridY ? batch : kMaxGridY));
-    // Pairs: every pair of an even row length starts at an even element of a matrix of an even
-    // number of elements, so pointers aligned to two elements keep every pair access aligned.
-    const bool pairs = rows % 2 == 0 && cols % 2 == 0 && reinterpret_cast<uintptr_t>(in) % (2 * sizeof(TIn)) == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % (2 * sizeof(TOut)) == 0 && transpose_pairs_allowed();
-    if (pairs)
-      scale_cast_transpose_kernel<TIn, TOut, true>
-          <<<grid, dim3(kTx, kTy), 0, stream>>>(batch, rows, cols, tiles_c, in, norm, safety, eps, out);
-    else
-      scale_cast_transpose_kernel<TIn, TOut, false>
-          <<<grid, dim3(kTx, kTy), 0, stream>>>(batch, rows, cols, tiles_c, in, norm, safety, eps, out);
+    scale_cast_transpose_kernel<TIn, TOut>
+        <<<grid, dim3(kTx, kTy), 0, stream>>>(batch, rows, cols, tiles_c, in, norm, safety, eps, out);
     ORTHOPT_CUDA_TRY(cudaGetLastError());
     return ORTHOPT_OK;
   }

@@ -1029,7 +1029,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // more operand bytes from L2 per multiply-add than ping-pong's 32 KiB per 128·128·64 (the pair
 // kernel found fewer L2 bytes did not speed ping-pong up). β·C by TMA as in ping-pong, per
 // warpgroup a 64×256 C buffer (four 64×64 boxes).
-// On an H200 (2026-12-01, tenth session, bench/results/2026-12-01-h200-wide.md) it was correct
+// On an H200 (2026-12-01, ninth session, bench/results/2026-12-01-h200-wide.md) it was correct
 // and slower everywhere: 1.22x ping-pong's time at 4096², 1.55x at 8192², 1.27x at 88×2048²;
 // Nsight Compute at 88×2048²: 17% fewer shared-memory wavefronts, as designed, but every unit
 // below 62% of peak (ping-pong: 77–81%), with more warps waiting on instruction fetch and on
