@@ -610,6 +610,15 @@ orthopt_status check_sizes(const char* fn, int64_t count, const int64_t* numel) 
   return ORTHOPT_OK;
 }
 
+// Every tensor holds whole rows of cols (> 0) elements (the row kernels and the row scales).
+orthopt_status check_whole_rows(const char* fn, int64_t count, const int64_t* numel, int64_t cols) {
+  for (int64_t i = 0; i < count; ++i)
+    if (numel[i] % cols != 0)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
+                  (long long)i, (long long)numel[i], (long long)cols);
+  return ORTHOPT_OK;
+}
+
 // A list: the array must exist and hold a pointer for every non-empty tensor; its dtype valid.
 orthopt_status check_list(const char* fn, const char* what, int64_t count, const int64_t* numel,
                           const void* const* list, orthopt_dtype dtype) {
@@ -664,10 +673,7 @@ extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64
   if (count == 0) return ORTHOPT_OK;
   if (cols < 1 || cols > (int64_t(1) << 30))
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be in [1, 2^30], got %lld", fn, (long long)cols);
-  for (int64_t i = 0; i < count; ++i)
-    if (numel[i] % cols != 0)
-      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
-                  (long long)i, (long long)numel[i], (long long)cols);
+  ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
   if (stat != ORTHOPT_ROW_L1_MOMENTUM && stat != ORTHOPT_ROW_SUMSQ_OUT)
     return fail(ORTHOPT_ERR_INVALID, "%s: unknown argument 'stat' %d", fn, int(stat));
   if (stat == ORTHOPT_ROW_L1_MOMENTUM && out)
@@ -707,10 +713,7 @@ extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* num
   if (row_scale) {
     if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0 with row_scale, got %lld", fn,
                                (long long)cols);
-    for (int64_t i = 0; i < count; ++i)
-      if (numel[i] % cols != 0)
-        return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
-                    (long long)i, (long long)numel[i], (long long)cols);
+    ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
     scales.assign(row_scale, row_scale + count);
     ORTHOPT_STATUS_TRY(check_list(fn, "row_scale", count, numel, scales.data(), ORTHOPT_FP32));
   }
@@ -742,10 +745,7 @@ extern "C" orthopt_status orthopt_multi_update_selected(int64_t count, const int
   ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
   if (count == 0) return ORTHOPT_OK;
   if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0, got %lld", fn, (long long)cols);
-  for (int64_t i = 0; i < count; ++i)
-    if (numel[i] % cols != 0)
-      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
-                  (long long)i, (long long)numel[i], (long long)cols);
+  ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
   ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
   ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
   if (!row_map) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'row_map' must not be NULL", fn);

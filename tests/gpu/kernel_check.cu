@@ -876,6 +876,10 @@ void check_multi_errors() {
   st = orthopt_multi_momentum_rows(2, rows_of_2, 2, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, 1.0,
                                    1.0, 0, ORTHOPT_ROW_L1_MOMENTUM, stats, nullptr, nullptr);  // L1 takes no output
   ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'out'");
+  const int32_t* maps[2] = {static_cast<const int32_t*>(p), static_cast<const int32_t*>(p)};
+  st = orthopt_multi_update_selected(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, maps, 3, nullptr, ORTHOPT_FP32,
+                                     nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
+  ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");  // 4 is not whole rows of 3
   cudaFree(p);
   const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
   if (!ok) ++g_failures;
