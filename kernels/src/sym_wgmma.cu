@@ -30,7 +30,10 @@
 // without C (bench/results/2026-12-01-h200-coop.md), so AUTO does not take it. A fourth
 // (ORTHOPT_SYM_WGMMA_PAIR, last) keeps ping-pong and has CTA pairs share one operand tile by
 // multicast: 25% fewer L2 bytes per CTA and no faster (bench/results/2026-12-01-h200-pair.md),
-// so L2 bytes are not what limits ping-pong.
+// so L2 bytes are not what limits ping-pong. A fifth (ORTHOPT_SYM_WGMMA_WIDE, last) keeps
+// ping-pong with 64×256 warpgroup units, one m64n256k16 per step: 17% fewer shared-memory
+// reads, and 1.2-1.55x slower (bench/results/2026-12-01-h200-wide.md), so shared-memory reads
+// are not it either.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
