@@ -61,7 +61,7 @@ const char* sym_path_name(orthopt_sym_path path);
 // Clusters of two CTAs of the pair kernel (bf16, without C by TMA) that fit at once on the
 // current device (0 when the query fails).
 int sym_wgmma_pair_clusters();
-// path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP
+// path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
 // ORTHOPT_SYM_WGMMA_PAIR or ORTHOPT_SYM_WGMMA_WIDE (the persistent kernels).
 orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
                              const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,

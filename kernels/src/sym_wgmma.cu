@@ -492,35 +492,46 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// The main loop of a consumer warpgroup on one 128×128 block, shared by the persistent kernels:
-// zeroes the accumulators (acc0: rows 0..63, acc1: rows 64..127), then for `ktiles` stages of the
-// ring from global k-step g on (g advances): waits until the stage has landed, issues the
-// wgmmas of both row halves of its A tile against the warpgroup's B tile (at b_offset in the
-// stage), and once the previous stage's wgmmas have completed, one thread (leader) gives that
-// stage back to the producer. Returns with the last stage's wgmmas in flight: wgmma_wait<0> and
-// that stage's release are the caller's. release(s) gives stage s back (called by every thread;
-// the callable picks the thread that arrives).
+// The main loop of a consumer warpgroup, shared by the persistent kernels: for `ktiles` stages
+// of the ring from global k-step g on (g advances), waits until the stage has landed, has
+// issue(stage) issue its wgmmas (after the fence), and once the previous stage's wgmmas have
+// completed gives that stage back: release(s) (called by every thread; the callable picks the
+// thread that arrives). Returns with the last stage's wgmmas in flight: wgmma_wait<0> and that
+// stage's release are the caller's.
+template <int Stages, typename Issue, typename Release>
+__device__ __forceinline__ void consume_ring(uint64_t* full, const unsigned char* ring, size_t stage_bytes, int ktiles,
+                                             int64_t& g, Issue&& issue, Release&& release) {
+  for (int kt = 0; kt < ktiles; ++kt, ++g) {
+    const int s = static_cast<int>(g % Stages);
+    mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
+    issue(ring + static_cast<size_t>(s) * stage_bytes);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
+    if (kt > 0) release(static_cast<int>((g - 1) % Stages));
+  }
+}
+
+// consume_ring on one 128×128 block: zeroes the accumulators (acc0: rows 0..63, acc1: rows
+// 64..127), and each stage's wgmmas are both row halves of its A tile against the warpgroup's
+// B tile (at b_offset in the stage).
 template <typename T, int Stages, typename Release>
 __device__ __forceinline__ void consume_block(float (&acc0)[64], float (&acc1)[64], uint64_t* full,
                                               unsigned char* ring, size_t stage_bytes, size_t b_offset, int ktiles,
                                               int64_t& g, Release&& release) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-  for (int kt = 0; kt < ktiles; ++kt, ++g) {
-    const int s = static_cast<int>(g % Stages);
-    mbar_wait(&full[s], static_cast<uint32_t>((g / Stages) & 1));
-    const unsigned char* a = ring + static_cast<size_t>(s) * stage_bytes;
-    const uint64_t da0 = smem_desc(a), da1 = smem_desc(a + 64 * kBK * 2), db = smem_desc(a + b_offset);
-    wgmma_fence();
+  consume_ring<Stages>(
+      full, ring, stage_bytes, ktiles, g,
+      [&](const unsigned char* a) {
+        const uint64_t da0 = smem_desc(a), da1 = smem_desc(a + 64 * kBK * 2), db = smem_desc(a + b_offset);
+        wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
-      wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-    if (kt > 0) release(static_cast<int>((g - 1) % Stages));
-  }
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n128k16<T>(acc0, da0 + 2 * kk, db + 2 * kk, 1);
+          wgmma_m64n128k16<T>(acc1, da1 + 2 * kk, db + 2 * kk, 1);
+        }
+      },
+      release);
 }
 
 // Producer of a persistent kernel's ring: the stage of global k-step g, once the consumers have
@@ -551,14 +562,31 @@ __device__ __forceinline__ void init_pingpong_barriers(uint64_t* full, uint64_t*
   ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// The C buffers of the ping-pong kernels (pair and wide too), one per consumer warpgroup, the
+// CTA's unit n going to warpgroup n mod 2. Producer: takes unit n's buffer once its warpgroup
+// has read unit n - 2's, with `bytes` to land on c_full; returns the warpgroup.
+__device__ __forceinline__ int acquire_c_buffer(int64_t n, uint64_t* c_full, uint64_t* c_empty, uint32_t bytes) {
+  const int w = static_cast<int>(n & 1);
+  const int64_t u = n >> 1;
+  if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
+  mbar_expect_tx(&c_full[w], bytes);
+  return w;
+}
+// Consumer warpgroup w: waits until unit n's C has landed.
+__device__ __forceinline__ void wait_c_buffer(int64_t n, int w, uint64_t* c_full) {
+  mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+}
+// Consumer warpgroup w: gives its buffer back once every thread of the warpgroup has read it.
+__device__ __forceinline__ void release_c_buffer(int w, uint64_t* c_empty) {
+  named_bar_sync(3 + w, 128);
+  if (threadIdx.x % 128 == 0) mbar_arrive(&c_empty[w]);
+}
+
 // Producer: the C tile (row0, col0) of the CTA's tile n into the buffer of the warpgroup that
 // owns it (n mod 2), once that warpgroup has read tile n - 2's.
 __device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, const CUtensorMap* map_c, uint64_t* c_full,
                                             uint64_t* c_empty, int row0, int col0, int z) {
-  const int w = static_cast<int>(n & 1);
-  const int64_t u = n >> 1;
-  if (u > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((u - 1) & 1));
-  mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kCTileBytes));
+  const int w = acquire_c_buffer(n, c_full, c_empty, static_cast<uint32_t>(kCTileBytes));
   unsigned char* cs = cbuf + w * kCTileBytes;
   tma_load(cs, map_c, &c_full[w], col0, row0, z);
   tma_load(cs + kCTileBytes / 2, map_c, &c_full[w], col0 + 64, row0, z);
@@ -576,15 +604,12 @@ __device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], co
   const unsigned char* cs = nullptr;
   if (c_by_tma) {
     cs = cbuf + w * kCTileBytes;
-    mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+    wait_c_buffer(n, w, c_full);
   }
   if (store)
     store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
                                  D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
-  if (c_by_tma) {
-    named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read the C tile
-    if (threadIdx.x % 128 == 0) mbar_arrive(&c_empty[w]);
-  }
+  if (c_by_tma) release_c_buffer(w, c_empty);
 }
 
 constexpr int kPpStages = 4;  // 4, 5, 6, 7 measured on an H200 (with this epilogue): 4 fastest
@@ -1104,11 +1129,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         // The second half of a ragged last block row can lie wholly past m, a box outside the
         // tensor. Its rows are never stored, so any rows in bounds do (row 0).
         const int row = u.row < m ? u.row : 0;
-        if (c_by_tma) {  // unit n's C into warpgroup (n mod 2)'s buffer, once it has read unit n - 2's
-          const int w = static_cast<int>(n & 1);
-          const int64_t q = n >> 1;
-          if (q > 0) mbar_wait(&c_empty[w], static_cast<uint32_t>((q - 1) & 1));
-          mbar_expect_tx(&c_full[w], static_cast<uint32_t>(kWideCBytes));
+        if (c_by_tma) {  // unit n's C: four 64×64 boxes
+          const int w = acquire_c_buffer(n, c_full, c_empty, static_cast<uint32_t>(kWideCBytes));
           for (int b = 0; b < 2; ++b)
             for (int x = 0; x < 2; ++x)
               tma_load(cbuf + w * kWideCBytes + b * kWideCHalfBytes + x * (kWideCHalfBytes / 2), &map_c, &c_full[w],
@@ -1138,26 +1160,26 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     int64_t g = n * ktiles;
-    for (int kt = 0; kt < ktiles; ++kt, ++g) {
-      const int s = static_cast<int>(g % kWideStages);
-      mbar_wait(&full[s], static_cast<uint32_t>((g / kWideStages) & 1));
-      const unsigned char* a = ring + static_cast<size_t>(s) * kWideStageBytes;
-      const uint64_t da = smem_desc(a), db = smem_desc(a + kWideATile);
-      wgmma_fence();
+    auto release = [&](int s) {
+      if (lt == 0) mbar_arrive(&empty[s]);
+    };
+    consume_ring<kWideStages>(
+        full, ring, kWideStageBytes, ktiles, g,
+        [&](const unsigned char* a) {
+          const uint64_t da = smem_desc(a), db = smem_desc(a + kWideATile);
+          wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, da + 2 * kk, db + 2 * kk, 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas have completed: give it back
-      if (kt > 0 && lt == 0) mbar_arrive(&empty[(g - 1) % kWideStages]);
-    }
+          for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, da + 2 * kk, db + 2 * kk, 1);
+        },
+        release);
     if (n + 1 < my_units) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
-    if (lt == 0) mbar_arrive(&empty[(g - 1) % kWideStages]);
+    release(static_cast<int>((g - 1) % kWideStages));
 
     const unsigned char* cs = nullptr;
     if (c_by_tma) {
       cs = cbuf + w * kWideCBytes;
-      mbar_wait(&c_full[w], static_cast<uint32_t>((n >> 1) & 1));
+      wait_c_buffer(n, w, c_full);
     }
     const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
     T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
@@ -1166,10 +1188,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (u.second)
       store_half_lower_mirrored<T, kWideRows, true>(acc[1], cs ? cs + kWideCHalfBytes : nullptr, 0, Cz, Dz, m, u.row,
                                                     u.col[1], alpha, beta, diag, u.transposed);
-    if (c_by_tma) {
-      named_bar_sync(3 + w, 128);  // every thread of the warpgroup has read its C buffer
-      if (lt == 0) mbar_arrive(&c_empty[w]);
-    }
+    if (c_by_tma) release_c_buffer(w, c_empty);
   }
 }
 
@@ -1246,6 +1265,17 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
+// A persistent kernel (kPpThreads threads) on min(work items, SMs) CTAs, each walking a stride
+// of the work list.
+template <auto Kernel, typename... Args>
+orthopt_status launch_one_per_sm(size_t smem_bytes, int64_t items, cudaStream_t stream, Args... args) {
+  int sm_count = 0;
+  ORTHOPT_STATUS_TRY(configure_once<Kernel>(smem_bytes, &sm_count));
+  const unsigned grid = static_cast<unsigned>(items < sm_count ? items : sm_count);
+  Kernel<<<grid, kPpThreads, smem_bytes, stream>>>(args...);
+  return ORTHOPT_OK;
+}
+
 // C by TMA where TMA can address it (m % 8 == 0, 16-byte aligned base and batch stride): a batch
 // of [m, m] operands in boxes of 128 rows × 64 columns, *by_tma set. Otherwise (or without C) the
 // kernels read C from global memory, and *map_c is a zeroed, unused parameter.
@@ -1276,14 +1306,10 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
     constexpr auto kernel = Coop ? sym_wgmma_coop_kernel<T, kCByTma> : sym_wgmma_pingpong_kernel<T, kCByTma>;
-    constexpr size_t smem_bytes = Coop ? coop_smem_bytes<kCByTma>() : pp_smem_bytes<kCByTma>();
-    int sm_count = 0;
-    ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
-    const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-    kernel<<<grid, kPpThreads, smem_bytes, stream>>>(map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
-                                                     static_cast<T*>(D), stride_d, static_cast<int>(m),
-                                                     static_cast<int>(k), alpha, beta, diag, per_matrix, total);
-    return ORTHOPT_OK;
+    return launch_one_per_sm<kernel>(Coop ? coop_smem_bytes<kCByTma>() : pp_smem_bytes<kCByTma>(), total, stream,
+                                     map_a, map_b, map_c, static_cast<const T*>(C), stride_c, static_cast<T*>(D),
+                                     stride_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag, per_matrix,
+                                     total);
   };
   ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
@@ -1380,16 +1406,10 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
   const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    constexpr auto kernel = sym_wgmma_wide_kernel<T, kCByTma>;
-    constexpr size_t smem_bytes = wide_smem_bytes<kCByTma>();
-    int sm_count = 0;
-    ORTHOPT_STATUS_TRY(configure_once<kernel>(smem_bytes, &sm_count));
-    const unsigned grid = static_cast<unsigned>(total < sm_count ? total : sm_count);
-    kernel<<<grid, kPpThreads, smem_bytes, stream>>>(map_a, map_b, map_a_tiles, map_b_tiles, map_c,
-                                                     static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d,
-                                                     static_cast<int>(m), static_cast<int>(k), alpha, beta, diag,
-                                                     per_matrix, total);
-    return ORTHOPT_OK;
+    return launch_one_per_sm<sym_wgmma_wide_kernel<T, kCByTma>>(
+        wide_smem_bytes<kCByTma>(), total, stream, map_a, map_b, map_a_tiles, map_b_tiles, map_c,
+        static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
+        alpha, beta, diag, per_matrix, total);
   };
   ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
