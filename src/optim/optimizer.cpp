@@ -962,35 +962,37 @@ class OptimizerImpl {
         outs[b.positions[j]] = b.slice(res, j).view(matrix_sizes(params[b.params[j]], o));
     }
 
+    // An update's lists; add() appends param i: its weight (and copy), its direction from the NS
+    // result `out` and its lr adjustment.
+    struct UpdateLists {
+      std::vector<at::Tensor> weights, copies, directions;
+      std::vector<double> factors;
+    };
+    auto add = [&](UpdateLists& l, size_t i, const at::Tensor& out) {
+      auto [D, factor] = adjust_rows(out, o);
+      add_weights(g, i, l.weights, l.copies);
+      l.directions.push_back(D.reshape(params[i].sizes()).contiguous());
+      l.factors.push_back(factor);
+    };
     if (row_scaled) {
       // One update per bank: the row factors of its params are rows of the bank's length.
       for (size_t k = 0; k < bks.size(); ++k) {
         const Bank& b = bks[k];
-        std::vector<at::Tensor> weights, copies, directions, row_factors;
-        std::vector<double> factors;
+        UpdateLists l;
+        std::vector<at::Tensor> row_factors;
         for (size_t j = 0; j < b.params.size(); ++j) {
-          const size_t i = b.params[j];
-          auto [D, factor] = adjust_rows(outs[b.positions[j]], o);
-          add_weights(g, i, weights, copies);
-          directions.push_back(D.reshape(params[i].sizes()).contiguous());
+          add(l, b.params[j], outs[b.positions[j]]);
           row_factors.push_back(b.slice(bank_factors[k], j).reshape({-1}));  // fp32: U is never fp64 here
-          factors.push_back(factor);
         }
-        cuda::update(weights, directions, copies, factors, lr, o.weight_decay, o.cautious_weight_decay, keep_flag(),
-                     row_factors, b.cols);
+        cuda::update(l.weights, l.directions, l.copies, l.factors, lr, o.weight_decay, o.cautious_weight_decay,
+                     keep_flag(), row_factors, b.cols);
       }
       return;
     }
-    std::vector<at::Tensor> weights, copies, directions;
-    std::vector<double> factors;
-    for (size_t j = 0; j < idx.size(); ++j) {
-      const size_t i = idx[j];
-      auto [D, factor] = adjust_rows(outs[j], o);
-      add_weights(g, i, weights, copies);
-      directions.push_back(D.reshape(params[i].sizes()).contiguous());
-      factors.push_back(factor);
-    }
-    cuda::update(weights, directions, copies, factors, lr, o.weight_decay, o.cautious_weight_decay, keep_flag());
+    UpdateLists l;
+    for (size_t j = 0; j < idx.size(); ++j) add(l, idx[j], outs[j]);
+    cuda::update(l.weights, l.directions, l.copies, l.factors, lr, o.weight_decay, o.cautious_weight_decay,
+                 keep_flag());
   }
 
   void step_adamw_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
