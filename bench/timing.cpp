@@ -43,14 +43,6 @@ Timing summarize(std::vector<double> ms) {
 
 }  // namespace
 
-Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats) {
-  for (int i = 0; i < warmup; ++i) fn();
-  synchronize(device);
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) ms.push_back(time_once(fn, device));
-  return summarize(std::move(ms));
-}
-
 std::vector<Timing> time_round_robin(const std::vector<std::function<void()>>& fns, c10::Device device, int warmup,
                                      int repeats) {
   const size_t n = fns.size();
@@ -66,6 +58,11 @@ std::vector<Timing> time_round_robin(const std::vector<std::function<void()>>& f
   std::vector<Timing> out;
   for (auto& v : ms) out.push_back(summarize(std::move(v)));
   return out;
+}
+
+// One contender: warm-up runs, a synchronization, then the timed runs, as round-robin does.
+Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats) {
+  return time_round_robin({fn}, device, warmup, repeats).front();
 }
 
 }  // namespace orthopt::bench
