@@ -1,0 +1,189 @@
+"""Same-run comparison with the dion package (github.com/microsoft/dion), the best peer in
+performance.md: its Triton Newton–Schulz and its Muon / NorMuon / Dion3 steps against orthopt's, in
+one process on one GPU, timed round-robin (one call of each contender per round), CUDA-event median.
+
+The dion package is not part of orthopt and is not vendored: pass a checkout of it with
+--dion PATH (the folder that holds the `dion` package). Run on a GPU machine:
+
+    PYTHONPATH=build-gpu/python python3 bench/gpu/dion_peers.py --dion PATH [--ns] [--step]
+
+NS: the five target shapes of issue 5, fp32 input, 5 steps of dion's fixed quintic triples (our
+schedule `you` has the same triples, so both sides do the same math); each contender's relative
+error against the same iteration in float64 (written out below) is printed beside its time.
+Step: performance.md's GPT-2 124M and Llama 1.26B sets (bench/gpu/step_peers.py), matrices to the
+named algorithm and the rest to AdamW inside the same optimizer, fp32 parameters, random gradients.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_peers import param_set  # noqa: E402  (one definition of the parameter sets)
+
+YOU_TRIPLES = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+               (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+NS_SHAPES = [(1, 4096, 4096), (1, 8192, 8192), (1, 4096, 14336), (16, 1536, 2048), (32, 7168, 2048)]
+# Issue 5's targets and the H100 best-peer (dion Triton) times they were set against, ms.
+NS_TARGETS = {(1, 4096, 4096): (2.55, 2.0), (1, 8192, 8192): (17.9, 15.5), (1, 4096, 14336): (6.93, 3.8),
+              (16, 1536, 2048): (3.45, 2.3), (32, 7168, 2048): (35.7, 16.0)}
+
+
+def ns_float64(G):
+    """The 5-step iteration in float64: X = G/(|G|_F + 1e-7) (wide orientation), A = X Xᵀ,
+    B = bA + cA², X = aX + BX."""
+    X = G.double()
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for a, b, c in YOU_TRIPLES:
+        A = X @ X.mT
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.mT if tall else X
+
+
+def ns_torch_dense(G):
+    """The plain torch bf16 iteration (the peer `orthopt bench ns` writes itself)."""
+    X = G.to(torch.bfloat16)
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for a, b, c in YOU_TRIPLES:
+        A = X @ X.mT
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.mT if tall else X
+
+
+def round_robin_ms(fns, warmup, repeats):
+    """Median ms of each callable, one call of each per round (so clock and power drift hit all)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[i].append(a.elapsed_time(b))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def run_ns(args, dion_ns, orthopt):
+    print("\n## NS, 5 steps of the triples of dion / schedule `you`, fp32 input, bf16 iteration "
+          f"(median of {args.repeats} round-robin rounds after {args.warmup}); ms\n")
+    print("| batch×m×n | torch dense | dion Triton | orthopt standard | orthopt auto | dion / auto | "
+          "target ratio (H100 peer / target) | err dion | err standard | err auto | err torch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    def ours(G, method):
+        # nonfinite="propagate": no finiteness check of G, whose .item() would sync the host every
+        # call (`orthopt bench ns` leaves it out too; dion has none).
+        return orthopt.orthogonalize(G, schedule="you", method=method, nonfinite="propagate")
+
+    torch.manual_seed(0)
+    for shape in NS_SHAPES:
+        b, m, n = shape
+        G = torch.randn(shape if b > 1 else (m, n), device="cuda")
+        t0 = time.time()
+        outs = {
+            "torch": ns_torch_dense(G),
+            "dion": dion_ns(G),  # the first call also autotunes dion's Triton kernels for this shape
+            "standard": ours(G, "standard"),
+            "auto": ours(G, "auto"),
+        }
+        ref = ns_float64(G)
+        errs = {k: rel(v, ref) for k, v in outs.items()}
+        del outs, ref
+        fns = [lambda: ns_torch_dense(G), lambda: dion_ns(G),
+               lambda: ours(G, "standard"),
+               lambda: ours(G, "auto")]
+        ms = round_robin_ms(fns, args.warmup, args.repeats)
+        peer_h100, target = NS_TARGETS[shape]
+        print(f"| {b}×{m}×{n} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[2]:.3f} | {ms[3]:.3f} | {ms[1] / ms[3]:.2f} | "
+              f"{peer_h100 / target:.2f} | {errs['dion']:.2e} | {errs['standard']:.2e} | {errs['auto']:.2e} | "
+              f"{errs['torch']:.2e} |", flush=True)
+        print(f"<!-- {b}x{m}x{n}: {time.time() - t0:.1f} s with warm-up and the float64 reference -->", flush=True)
+        torch.cuda.empty_cache()
+
+
+def run_step(args, dion, orthopt):
+    print(f"\n## Optimizer step, fp32 parameters, random gradients (median of {args.repeats} "
+          f"round-robin rounds after {args.warmup}); ms\n")
+    print("| set | algorithm | dion (default paths) | dion (use_triton) | orthopt eager | orthopt graph | "
+          "dion best / orthopt graph |")
+    print("|---|---|---|---|---|---|---|")
+    adamw = dict(algorithm="adamw", lr=3e-3, weight_decay=0.01)
+    for name in args.sets:
+        for algo in args.algorithms:
+            try:
+                torch.manual_seed(0)
+                t0 = time.time()
+                # Each contender owns its parameters (the same shapes and values, its own state).
+                sets = [param_set(name) for _ in range(4)]
+                dion_cls = {"muon": dion.Muon, "normuon": dion.NorMuon, "dion3": dion.Dion3}[algo]
+                ours_cls = {"muon": orthopt.Muon, "normuon": orthopt.NorMuon, "dion3": orthopt.Dion3}[algo]
+                extra = dict(fraction=0.25) if algo == "dion3" else {}
+                opts = []
+                for use_triton, (mats, others) in zip((False, True), sets[:2]):
+                    opts.append(dion_cls([dict(params=mats), dict(params=others, **adamw)], lr=0.02,
+                                         weight_decay=0.01, mu=0.95, use_triton=use_triton, **extra))
+                for graphed, (mats, others) in zip((False, True), sets[2:]):
+                    o = ours_cls([dict(params=mats), dict(params=others, **adamw)], lr=0.02, weight_decay=0.01,
+                                 momentum=0.95, **extra)
+                    opts.append(orthopt.CudaGraphOptimizer(o, warmup_steps=2) if graphed else o)
+                for _ in range(3):  # the graph's two eager warm-up steps and its capture, before any timing
+                    opts[3].step()
+                ms = round_robin_ms([o.step for o in opts], args.warmup, args.repeats)
+                best = min(ms[0], ms[1])
+                print(f"| {name} | {algo} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[2]:.3f} | {ms[3]:.3f} | "
+                      f"{best / ms[3]:.2f} |", flush=True)
+                print(f"<!-- {name} {algo}: {time.time() - t0:.1f} s -->", flush=True)
+            except Exception as e:  # a contender that fails is reported in its row, the others go on
+                print(f"| {name} | {algo} | failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} | | | | |",
+                      flush=True)
+            opts = sets = None
+            torch.cuda.empty_cache()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dion", required=True, help="folder holding the `dion` package (a microsoft/dion checkout)")
+    p.add_argument("--ns", action="store_true", help="time Newton–Schulz (default: both parts)")
+    p.add_argument("--step", action="store_true", help="time optimizer steps (default: both parts)")
+    p.add_argument("--sets", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3"],
+                   choices=["muon", "normuon", "dion3"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=15)
+    args = p.parse_args()
+    if not os.path.isdir(os.path.join(args.dion, "dion")):
+        sys.exit(f"argument --dion: {args.dion!r} does not hold a 'dion' package folder")
+    if args.warmup < 0 or args.repeats < 1:
+        sys.exit("arguments --warmup/--repeats: need warmup >= 0 and repeats >= 1")
+    sys.path.insert(0, args.dion)
+    import dion
+    from dion.newton_schulz_triton import newton_schulz_triton
+    import orthopt
+
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"dion at {os.path.abspath(args.dion)}")
+    both = not (args.ns or args.step)
+    if args.ns or both:
+        run_ns(args, newton_schulz_triton, orthopt)
+    if args.step or both:
+        run_step(args, dion, orthopt)
+
+
+if __name__ == "__main__":
+    main()
