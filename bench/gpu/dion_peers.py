@@ -117,6 +117,33 @@ def run_ns(args, dion_ns, orthopt):
         torch.cuda.empty_cache()
 
 
+def run_products(args, ns_line_1, ns_line_2):
+    """dion's two symmetric Triton products alone against the dense cuBLAS products (torch), bf16,
+    for comparison with `orthopt_sym_bench`'s kernel-level table (same quantities: A·Aᵀ of X, and
+    B = b·A + c·A·A of the symmetric A)."""
+    print(f"\n## dion's symmetric Triton products alone, bf16 (median of {args.repeats} round-robin rounds "
+          f"after {args.warmup}); ms\n")
+    print("| batch×m×k | dense X·Xᵀ (cuBLAS) | dion ns_line_1 | dion / dense | dense b·A + c·A·A (cuBLAS) | "
+          "dion ns_line_2 | dion / dense |")
+    print("|---|---|---|---|---|---|---|")
+    torch.manual_seed(0)
+    for b, m, k in [(1, 4096, 4096), (1, 8192, 8192), (16, 1536, 2048), (88, 2048, 2048), (1, 4096, 14336)]:
+        X = torch.randn((b, m, k) if b > 1 else (m, k), device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        A = (X @ X.mT).contiguous()
+        A1, B1 = torch.empty_like(A), torch.empty_like(A)
+        fns = [lambda: torch.matmul(X, X.mT, out=A1), lambda: ns_line_1(X, out=A1),
+               lambda: torch.baddbmm(A, A, A, beta=-6.3, alpha=2.6, out=B1) if b > 1
+               else torch.addmm(A, A, A, beta=-6.3, alpha=2.6, out=B1),
+               lambda: ns_line_2(A, alpha=2.6, beta=-6.3, out=B1)]
+        for fn in fns:  # the first calls autotune dion's kernels for this shape
+            fn()
+        ms = round_robin_ms(fns, args.warmup, args.repeats)
+        print(f"| {b}×{m}×{k} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[1] / ms[0]:.2f} | {ms[2]:.3f} | {ms[3]:.3f} | "
+              f"{ms[3] / ms[2]:.2f} |", flush=True)
+        X = A = A1 = B1 = fns = None
+        torch.cuda.empty_cache()
+
+
 def run_step(args, dion, orthopt):
     print(f"\n## Optimizer step, fp32 parameters, random gradients (median of {args.repeats} "
           f"round-robin rounds after {args.warmup}); ms\n")
@@ -161,6 +188,8 @@ def main():
     p.add_argument("--dion", required=True, help="folder holding the `dion` package (a microsoft/dion checkout)")
     p.add_argument("--ns", action="store_true", help="time Newton–Schulz (default: both parts)")
     p.add_argument("--step", action="store_true", help="time optimizer steps (default: both parts)")
+    p.add_argument("--products", action="store_true",
+                   help="time dion's symmetric Triton products alone against dense cuBLAS (not in the default)")
     p.add_argument("--sets", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
     p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3"],
                    choices=["muon", "normuon", "dion3"])
@@ -173,12 +202,15 @@ def main():
         sys.exit("arguments --warmup/--repeats: need warmup >= 0 and repeats >= 1")
     sys.path.insert(0, args.dion)
     import dion
-    from dion.newton_schulz_triton import newton_schulz_triton
-    import orthopt
+    from dion.newton_schulz_triton import newton_schulz_triton, ns_line_1, ns_line_2
 
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
           f"dion at {os.path.abspath(args.dion)}")
-    both = not (args.ns or args.step)
+    if args.products:
+        run_products(args, ns_line_1, ns_line_2)
+    both = not (args.ns or args.step or args.products)
+    if args.ns or args.step or both:
+        import orthopt
     if args.ns or both:
         run_ns(args, newton_schulz_triton, orthopt)
     if args.step or both:

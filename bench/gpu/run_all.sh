@@ -6,7 +6,8 @@
 # .gpudeps/usr (bench/gpu/make_gpudeps.sh copies them from this machine's Debian packages); when
 # that folder is present it comes first on CMAKE_PREFIX_PATH.
 # Env: GPU_SUITE_ONLY=1 (skip the CPU ctest suite), SKIP_SANITIZER=1, SKIP_STEP=1,
-#      WITH_ATEN_PRODUCTS=1 (also time NS with the kernels switched off).
+#      WITH_ATEN_PRODUCTS=1 (also time NS with the kernels switched off),
+#      DION_PATH=<folder holding the dion package> (also run bench/gpu/dion_peers.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/${ORTHOPT_BUILD_DIR:-build-gpu}/out}
@@ -64,6 +65,13 @@ if has bench; then
   [ -z "${SKIP_STEP:-}" ] && { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
     > "$OUT/bench_step.txt" 2>&1
   note "bench step done"
+  # The dion package as a same-run peer (a checkout of github.com/microsoft/dion; not part of the
+  # tree): NS and steps round-robin in one process. Its first steps compile for minutes.
+  if [ -n "${DION_PATH:-}" ]; then
+    PYTHONPATH="$ORTHOPT_BUILD_DIR/python" timeout 600 python3 bench/gpu/dion_peers.py --dion "$DION_PATH" \
+      > "$OUT/dion_peers.md" 2>&1
+    note "dion peers rc=$?"
+  fi
 fi
 note "total $(( $(date +%s) - t0 )) s"
 echo "================ summary"
@@ -71,4 +79,5 @@ cat "$OUT/sym_bench.md" 2>/dev/null
 grep -v '^peer:' "$OUT/bench_ns.txt" 2>/dev/null
 grep -E 'auto|standard' "$OUT/bench_ns_aten.txt" 2>/dev/null | awk '{print "aten-products:", $1, $2, $3}'
 cat "$OUT/bench_step.txt" 2>/dev/null
+grep -E '^\|' "$OUT/dion_peers.md" 2>/dev/null
 cat "$SUMMARY"
