@@ -20,7 +20,7 @@ enum class OrthoMethod {
 
 // What to do when the input holds NaN or Inf.
 enum class NonFinitePolicy {
-  Error,      // throw (costs one host synchronization on a GPU)
+  Error,      // throw (one host synchronization on a GPU, after the work is enqueued)
   Propagate,  // no check: NaN/Inf flow through to the output (optimizers use this; their
               // firewall looks at the gradient norm instead)
 };
@@ -45,7 +45,8 @@ struct OrthoOptions {
 // matrices; with flatten: one matrix [size(0), prod(rest)]). Returns G's shape and dtype.
 at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt = {});
 
-// Checks G and the options; throws c10::Error naming the offending argument.
+// Checks G's shape and dtype and the options, not G's values (orthogonalize does the NaN/Inf
+// check of NonFinitePolicy::Error); throws c10::Error naming the offending argument.
 void validate_ortho_args(const at::Tensor& G, const OrthoOptions& opt);
 
 // The schedule the options select (built-in or custom, with overrides applied).

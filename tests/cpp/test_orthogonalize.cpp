@@ -628,6 +628,19 @@ TEST_F(Orthogonalize, NonFiniteInput) {
     auto B = G.clone();
     B[1][3][5] = bad;
     expect_error_naming([&] { orthopt::orthogonalize(B, {}); }, "G");  // the default policy
+    // The check runs after the work is enqueued: every path still refuses, and returns nothing.
+    for (auto method : {OrthoMethod::Standard, OrthoMethod::Gram}) {
+      auto o = options("polar_express", method, at::kFloat);
+      expect_error_naming([&] { orthopt::orthogonalize(B, o); }, "G");
+      expect_error_naming([&] { orthopt::detail::orthogonalize_many_in_compute_dtype({G[0].contiguous(), B}, o); },
+                          "G");
+      auto split = o;
+      split.split_sizes = {6, 10};
+      expect_error_naming([&] { orthopt::orthogonalize(B, split); }, "G");
+    }
+    auto flat = OrthoOptions{};
+    flat.flatten = true;
+    expect_error_naming([&] { orthopt::orthogonalize(B, flat); }, "G");
     for (auto method : {OrthoMethod::Standard, OrthoMethod::Gram}) {
       auto o = options("polar_express", method, at::kFloat);
       o.nonfinite = NonFinitePolicy::Propagate;
