@@ -403,8 +403,9 @@ void validate_ortho_args(const at::Tensor& G, const OrthoOptions& opt) {
 namespace {
 
 // NonFinitePolicy::Error: whether G is all finite, as a device flag computed before the work and
-// read (one host sync) only after the work is enqueued, so the sync does not hold back the launches
-// (0.11 ms of a 2.4 ms 4096² NS on an H200 when read first; bench/results/2026-12-01-h200-dion-peer.md).
+// read (one host sync) only after the work is enqueued, so the GPU does not idle while the host
+// launches the work after the sync (the cost of reading it first was not measured apart from the
+// spread between machines: bench/results/2026-12-01-h200-dion-peer.md).
 at::Tensor finite_flag(const at::Tensor& G, const OrthoOptions& opt) {
   return opt.nonfinite == NonFinitePolicy::Error ? at::isfinite(G).all() : at::Tensor();
 }
