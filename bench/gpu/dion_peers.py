@@ -23,15 +23,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_peers import param_set  # noqa: E402  (one definition of the parameter sets)
 
-YOU_TRIPLES = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-               (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
 NS_SHAPES = [(1, 4096, 4096), (1, 8192, 8192), (1, 4096, 14336), (16, 1536, 2048), (32, 7168, 2048)]
 # Issue 5's targets and the H100 best-peer (dion Triton) times they were set against, ms.
 NS_TARGETS = {(1, 4096, 4096): (2.55, 2.0), (1, 8192, 8192): (17.9, 15.5), (1, 4096, 14336): (6.93, 3.8),
               (16, 1536, 2048): (3.45, 2.3), (32, 7168, 2048): (35.7, 16.0)}
 
 
-def ns_float64(G):
+def ns_float64(G, triples):
     """The 5-step iteration in float64: X = G/(|G|_F + 1e-7) (wide orientation), A = X Xᵀ,
     B = bA + cA², X = aX + BX."""
     X = G.double()
@@ -39,20 +37,20 @@ def ns_float64(G):
     if tall:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for a, b, c in YOU_TRIPLES:
+    for a, b, c in triples:
         A = X @ X.mT
         X = a * X + (b * A + c * (A @ A)) @ X
     return X.mT if tall else X
 
 
-def ns_torch_dense(G):
+def ns_torch_dense(G, triples):
     """The plain torch bf16 iteration (the peer `orthopt bench ns` writes itself)."""
     X = G.to(torch.bfloat16)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for a, b, c in YOU_TRIPLES:
+    for a, b, c in triples:
         A = X @ X.mT
         X = a * X + (b * A + c * (A @ A)) @ X
     return X.mT if tall else X
@@ -91,21 +89,23 @@ def run_ns(args, dion_ns, orthopt):
         # call (`orthopt bench ns` leaves it out too; dion has none).
         return orthopt.orthogonalize(G, schedule="you", method=method, nonfinite="propagate")
 
+    # dion's triples are our schedule `you` (algorithms.md): taken from the library, one definition.
+    triples = next(s["triples"] for s in orthopt.schedules() if s["name"] == "you")
     torch.manual_seed(0)
     for shape in NS_SHAPES:
         b, m, n = shape
         G = torch.randn(shape if b > 1 else (m, n), device="cuda")
         t0 = time.time()
         outs = {
-            "torch": ns_torch_dense(G),
+            "torch": ns_torch_dense(G, triples),
             "dion": dion_ns(G),  # the first call also autotunes dion's Triton kernels for this shape
             "standard": ours(G, "standard"),
             "auto": ours(G, "auto"),
         }
-        ref = ns_float64(G)
+        ref = ns_float64(G, triples)
         errs = {k: rel(v, ref) for k, v in outs.items()}
         del outs, ref
-        fns = [lambda: ns_torch_dense(G), lambda: dion_ns(G),
+        fns = [lambda: ns_torch_dense(G, triples), lambda: dion_ns(G),
                lambda: ours(G, "standard"),
                lambda: ours(G, "auto")]
         ms = round_robin_ms(fns, args.warmup, args.repeats)
