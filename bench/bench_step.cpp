@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
 
 #ifdef ORTHOPT_WITH_CUDA
@@ -155,22 +157,34 @@ int run_step(const StepArgs& a) {
       // allocates from a private pool that cannot reuse it (Llama: out of memory without this).
       if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
-      Named named = param_set(set, device);
       RoutingOptions routing;
       routing.matrix.algorithm = parse_algorithm(alg);
       if (a.gram_aspect_threshold) routing.matrix.ortho.gram_aspect_threshold = *a.gram_aspect_threshold;
+      Named named = param_set(set, device);
       Optimizer opt(route_params(named, routing));
       const std::string ours =
           "orthopt " + alg + (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") +
           " + AdamW";
-      report(set, ours, bench::time_ms([&] { opt.step(); }, device, a.warmup, a.repeats));
+      std::vector<std::string> names = {ours};
+      std::vector<std::function<void()>> steps = {[&] { opt.step(); }};
+      int warmup = a.warmup;
+      // The same step captured once and replayed (docs/cuda_graph.md), on its own parameters of
+      // the same shapes so that eager and graph steps alternate round-robin (under the H200's
+      // power limit, one timed after the other reads differently). Two eager warm-up steps and
+      // the capture on the third: the warm-up must cover three steps.
+      Named graph_named;
+      std::unique_ptr<Optimizer> graph_opt;
+      std::unique_ptr<CudaGraphOptimizer> graph;
       if (device.is_cuda() && a.graph) {
-        // The same step captured once and replayed (docs/cuda_graph.md): two eager warm-up
-        // steps, the capture on the third, so time_ms's warm-up must cover three steps.
-        CudaGraphOptimizer graph(opt, /*warmup_steps=*/2);
-        report(set, ours + ", graph",
-               bench::time_ms([&] { graph.step(); }, device, std::max(a.warmup, 3), a.repeats));
+        graph_named = param_set(set, device);
+        graph_opt = std::make_unique<Optimizer>(route_params(graph_named, routing));
+        graph = std::make_unique<CudaGraphOptimizer>(*graph_opt, /*warmup_steps=*/2);
+        names.push_back(ours + ", graph");
+        steps.push_back([&] { graph->step(); });
+        warmup = std::max(warmup, 3);
       }
+      const auto timings = bench::time_round_robin(steps, device, warmup, a.repeats);
+      for (size_t i = 0; i < names.size(); ++i) report(set, names[i], timings[i]);
     }
     if (a.peer) {
 #ifdef ORTHOPT_WITH_CUDA
@@ -178,13 +192,17 @@ int run_step(const StepArgs& a) {
 #endif
       Named named = param_set(set, device);
       RoutingOptions routing;
+      // Both peers on the same parameters (each with its own state), round-robin.
       PeerStep muon(named, true, routing);
-      report(set, "peer: torch Muon + AdamW", bench::time_ms([&] { muon.run(); }, device, a.warmup, a.repeats));
       PeerStep adamw(named, false, routing);
-      report(set, "peer: AdamW (all, loop)", bench::time_ms([&] { adamw.run(); }, device, a.warmup, a.repeats));
+      const auto timings =
+          bench::time_round_robin({[&] { muon.run(); }, [&] { adamw.run(); }}, device, a.warmup, a.repeats);
+      report(set, "peer: torch Muon + AdamW", timings[0]);
+      report(set, "peer: AdamW (all, loop)", timings[1]);
     }
   }
-  std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps. Peers: torch ops\n"
+  std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps, each configuration's\n"
+               "eager and graph steps round-robin, the two peers round-robin. Peers: torch ops\n"
                "written in this benchmark (torch.optim.Muon's per-parameter formulation; per-parameter AdamW).\n";
   if (!a.json.empty()) {
     std::ofstream f(a.json);
