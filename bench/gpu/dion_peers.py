@@ -29,23 +29,11 @@ NS_TARGETS = {(1, 4096, 4096): (2.55, 2.0), (1, 8192, 8192): (17.9, 15.5), (1, 4
               (16, 1536, 2048): (3.45, 2.3), (32, 7168, 2048): (35.7, 16.0)}
 
 
-def ns_float64(G, triples):
-    """The 5-step iteration in float64: X = G/(|G|_F + 1e-7) (wide orientation), A = X Xᵀ,
-    B = bA + cA², X = aX + BX."""
-    X = G.double()
-    tall = X.size(-2) > X.size(-1)
-    if tall:
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for a, b, c in triples:
-        A = X @ X.mT
-        X = a * X + (b * A + c * (A @ A)) @ X
-    return X.mT if tall else X
-
-
-def ns_torch_dense(G, triples):
-    """The plain torch bf16 iteration (the peer `orthopt bench ns` writes itself)."""
-    X = G.to(torch.bfloat16)
+def ns_plain(G, triples, dtype):
+    """The iteration written plainly in `dtype`: X = G/(|G|_F + 1e-7) (wide orientation), then per
+    triple A = X Xᵀ, B = bA + cA², X = aX + BX. float64: the reference; bfloat16: the dense torch
+    peer (the one `orthopt bench ns` writes itself)."""
+    X = G.to(dtype)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
@@ -97,15 +85,15 @@ def run_ns(args, dion_ns, orthopt):
         G = torch.randn(shape if b > 1 else (m, n), device="cuda")
         t0 = time.time()
         outs = {
-            "torch": ns_torch_dense(G, triples),
+            "torch": ns_plain(G, triples, torch.bfloat16),
             "dion": dion_ns(G),  # the first call also autotunes dion's Triton kernels for this shape
             "standard": ours(G, "standard"),
             "auto": ours(G, "auto"),
         }
-        ref = ns_float64(G, triples)
+        ref = ns_plain(G, triples, torch.float64)
         errs = {k: rel(v, ref) for k, v in outs.items()}
         del outs, ref
-        fns = [lambda: ns_torch_dense(G, triples), lambda: dion_ns(G),
+        fns = [lambda: ns_plain(G, triples, torch.bfloat16), lambda: dion_ns(G),
                lambda: ours(G, "standard"),
                lambda: ours(G, "auto")]
         ms = round_robin_ms(fns, args.warmup, args.repeats)
