@@ -181,6 +181,9 @@ def main():
     p.add_argument("--sets", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
     p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3"],
                    choices=["muon", "normuon", "dion3"])
+    p.add_argument("--recompile-limit", type=int, default=None,
+                   help="raise torch._dynamo's recompile limit (dion's compiled per-shape updates hit the "
+                        "default 8 on GPT-2's NorMuon); default: torch's own")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args()
@@ -188,6 +191,13 @@ def main():
         sys.exit(f"argument --dion: {args.dion!r} does not hold a 'dion' package folder")
     if args.warmup < 0 or args.repeats < 1:
         sys.exit("arguments --warmup/--repeats: need warmup >= 0 and repeats >= 1")
+    if args.recompile_limit is not None:
+        if args.recompile_limit < 1:
+            sys.exit("argument --recompile-limit: must be >= 1")
+        import torch._dynamo
+        # torch >= 2.6 names it recompile_limit; older releases cache_size_limit.
+        name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, name, args.recompile_limit)
     sys.path.insert(0, args.dion)
     import dion
     from dion.newton_schulz_triton import newton_schulz_triton, ns_line_1, ns_line_2
