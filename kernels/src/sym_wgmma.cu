@@ -482,14 +482,15 @@ __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64
 
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
 // (setmaxnreg): 128 accumulators plus the epilogue's addresses and C pairs need more than 168.
+// The split, the same in every persistent kernel: each role calls its function first thing.
 constexpr int kPpThreads = 384;
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  ORTHOPT_SM90A_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register split exceeds the register file");
+__device__ __forceinline__ void producer_registers() {
+  ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
 }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  ORTHOPT_SM90A_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+__device__ __forceinline__ void consumer_registers() {
+  ORTHOPT_SM90A_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 }
 
 // The main loop of a consumer warpgroup, shared by the persistent kernels: for `ktiles` stages
@@ -669,7 +670,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   __syncthreads();
 
   if (wg == 2) {
-    setmaxnreg_dec<40>();
+    producer_registers();
     if (tid == 256) {
       int64_t g = 0;
       for (int64_t n = 0; n < my_tiles; ++n) {
@@ -686,7 +687,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     return;
   }
 
-  setmaxnreg_inc<232>();
+  consumer_registers();
   const int w = wg, lt = tid % 128;
   for (int64_t n = w; n < my_tiles; n += 2) {
     int z, row0, col0;
@@ -787,7 +788,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   __syncthreads();
 
   if (wg == 2) {
-    setmaxnreg_dec<40>();
+    producer_registers();
     if (tid == 256) {
       int64_t g = 0;
       for (int64_t n = 0; n < my_tiles; ++n) {
@@ -818,7 +819,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     return;
   }
 
-  setmaxnreg_inc<232>();
+  consumer_registers();
   const int w = wg, lt = tid % 128;
   int64_t g = 0;
   for (int64_t n = 0; n < my_tiles; ++n) {
@@ -982,7 +983,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   cluster_sync();
 
   if (wg == 2) {
-    setmaxnreg_dec<40>();
+    producer_registers();
     if (tid == 256) {
       int64_t g = 0;
       for (int64_t n = 0; n < my_pairs; ++n) {
@@ -1009,7 +1010,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       }
     }
   } else {
-    setmaxnreg_inc<232>();
+    consumer_registers();
     const int w = wg, lt = tid % 128;
     for (int64_t n = w; n < my_pairs; n += 2) {
       int z;
@@ -1121,7 +1122,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   __syncthreads();
 
   if (wg == 2) {
-    setmaxnreg_dec<40>();
+    producer_registers();
     if (tid == 256) {
       int64_t g = 0;
       for (int64_t n = 0; n < my_units; ++n) {
@@ -1150,7 +1151,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     return;
   }
 
-  setmaxnreg_inc<232>();
+  consumer_registers();
   const int w = wg, lt = tid % 128;
   for (int64_t n = w; n < my_units; n += 2) {
     const WideUnit u = locate_wide(n, pairs_per_mat, t);
