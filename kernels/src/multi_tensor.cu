@@ -352,7 +352,7 @@ __device__ __forceinline__ void store_updated(void* W, void* P, Pack (&w)[kIlp],
 
 // roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none), and with
 // kRowScaled 3 row scales (fp32, one per row of a.cols elements). Two instantiations, so that the
-// plain update keeps its registers: with the row scales ptxas gives it 80 instead of 57 per
+// plain update keeps its registers: with the row scales ptxas gives it 76 instead of 57 per
 // thread (3 instead of 4 blocks per multiprocessor).
 template <bool kRowScaled>
 __global__ void __launch_bounds__(kThreads)
