@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_peers import param_set  # noqa: E402  (one definition of the parameter sets)
+from step_peers import param_set, round_robin_ms  # noqa: E402  (one definition of the sets and the timing)
 
 NS_SHAPES = [(1, 4096, 4096), (1, 8192, 8192), (1, 4096, 14336), (16, 1536, 2048), (32, 7168, 2048)]
 # Issue 5's targets and the H100 best-peer (dion Triton) times they were set against, ms.
@@ -42,24 +42,6 @@ def ns_plain(G, triples, dtype):
         A = X @ X.mT
         X = a * X + (b * A + c * (A @ A)) @ X
     return X.mT if tall else X
-
-
-def round_robin_ms(fns, warmup, repeats):
-    """Median ms of each callable, one call of each per round (so clock and power drift hit all)."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[i].append(a.elapsed_time(b))
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def rel(x, ref):

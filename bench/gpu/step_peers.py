@@ -25,19 +25,27 @@ def param_set(name):
     return mats, others
 
 
-def median_ms(fn, warmup=3, repeats=10):
+def round_robin_ms(fns, warmup, repeats):
+    """Median ms of each callable, one call of each per round (so clock and power drift hit all)."""
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    times = []
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+        for i, fn in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[i].append(a.elapsed_time(b))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def median_ms(fn, warmup=3, repeats=10):
+    """round_robin_ms of one callable."""
+    return round_robin_ms([fn], warmup, repeats)[0]
 
 
 def main():
