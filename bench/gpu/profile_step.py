@@ -1,15 +1,21 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
-[--algos=muon,dion3] [--top=N]
+[--algos=muon,dion3] [--top=N] [--host]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
-top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch."""
+top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch.
+--host also prints where the host's time goes: the host time to enqueue one step (from an idle
+GPU, through the Python front end and through the C++ optimizer directly), and the host-side
+operations (ATen ops, CUDA runtime calls) by self CPU time; an eager step whose enqueue takes
+longer than its kernels is host-bound, and a synchronizing call shows up here."""
 import collections
+import statistics
 import sys
+import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 import orthopt
 from step_peers import median_ms, param_set
@@ -46,6 +52,43 @@ def print_breakdown(fn, title, unit, top, runs=STEPS):
         print(f"    {t:8.3f} {n / runs:6.1f}  {kname[:110]}")
 
 
+def host_ms(fn, repeats=10):
+    """Median host time of fn() started on an idle GPU, without waiting for its kernels."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def print_host(opt, title, top, runs=STEPS):
+    """Host enqueue times of opt.step() and of its C++ optimizer's step(), and the top host-side
+    operations by self CPU time per step."""
+    version = opt._cpp.state_version
+    front, cpp = host_ms(opt.step), host_ms(opt._cpp.step)
+    moved = opt._cpp.state_version - version  # state moved into new buffers (re-aliased by the front end)
+    sync, alias = host_ms(opt._sync), host_ms(opt._alias_state)
+    # One step profiled but not counted: the profiler's start-up lands on the first operation it
+    # records (about 2-3 ms on the H200 machines), which would read as one slow ATen call.
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=runs)) as prof:
+        opt.step()
+        prof.step()
+        for _ in range(runs):
+            opt.step()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in rows) / 1e3 / runs
+    print(f"\n## {title}: host enqueue {front:.3f} ms (Python front end), {cpp:.3f} ms (C++ step); front end's "
+          f"_sync {sync:.3f} ms, _alias_state {alias:.3f} ms; state moves in 20 steps: {moved}; "
+          f"profiled self CPU {total:.3f} ms/step", flush=True)
+    print("  top host operations (self CPU ms/step, calls/step, name):")
+    for e in rows[:top]:
+        print(f"    {e.self_cpu_time_total / 1e3 / runs:8.3f} {e.count / runs:6.1f}  {e.key[:100]}")
+
+
 def kernel_class(name):
     n = name.lower()
     # Templates print as "void orthopt_k::...": match the namespace anywhere in the name.
@@ -73,11 +116,14 @@ def main():
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     algos = flags.get("algos", "muon,normuon,dion3").split(",")
     top = int(flags.get("top", "14"))
+    host = "--host" in sys.argv[1:]
     for name in sets:
         mats, others = param_set(name)
         for algo in algos:
             opt = orthopt.Muon(groups_for(algo, mats, others))
             print_breakdown(opt.step, f"{name} {algo}: step", "step", top)
+            if host:
+                print_host(opt, f"{name} {algo}: step", top)
             del opt
             torch.cuda.empty_cache()
         del mats, others
