@@ -22,6 +22,7 @@ group's same-shape matrices are orthogonalized in one batched call, and a piece'
 slice of its param's single-process state (what full_state_dict / load_state_dict re-shard).
 """
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -151,7 +152,10 @@ class DistributedEngine:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(f"{name}: process_group was given (or a parameter is a DTensor) but torch.distributed "
                                "is not initialized: call torch.distributed.init_process_group first")
-        self.opt, self.pg = opt, process_group
+        # A weak reference: opt holds this engine, and a cycle would keep both, and through them the
+        # process group, alive until a garbage collection, possibly after destroy_process_group()
+        # and into interpreter shutdown, where tearing down a Gloo group can abort the process.
+        self.opt, self.pg = weakref.proxy(opt), process_group
         groups = opt.param_groups
         # Group of the start-up check and full_state_dict; without process_group the ranks of the
         # DTensors' mesh (None: a multi-dim mesh on part of the world, e.g. a pipeline stage).

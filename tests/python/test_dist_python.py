@@ -16,6 +16,7 @@ so both sides see bit-identical averaged gradients; what remains is fp rounding 
 the matrices differently (bound 1e-6 relative; measured 0 on this CPU).
 """
 import datetime
+import gc
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 
 import pytest
 import torch
@@ -348,9 +350,29 @@ def scenario_kill(pg, rank, world, out):
     return {"completed": True}
 
 
+def scenario_release(pg, rank, world, out):
+    """A distributed optimizer that is dropped is freed at once, without a garbage collection: no
+    reference cycle keeps it, and through it the process group, alive past destroy_process_group()
+    (a Gloo group torn down at interpreter exit can abort the process)."""
+    groups = make_groups(torch.float32, device=rank_device(rank))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        opt = orthopt.Muon(groups, process_group=pg)
+        set_local_grads(groups, 0, rank)
+        opt.step()
+        ref = weakref.ref(opt)
+        del opt
+        return {"freed": ref() is None}
+    finally:
+        if enabled:
+            gc.enable()
+
+
 SCENARIOS = {"exact": scenario_exact, "dion_q": scenario_dion_q, "saveload": scenario_saveload,
              "mismatch": scenario_mismatch,
-             "subgroup": scenario_subgroup, "dtensor": scenario_dtensor, "kill": scenario_kill}
+             "subgroup": scenario_subgroup, "dtensor": scenario_dtensor, "kill": scenario_kill,
+             "release": scenario_release}
 
 
 def worker():
@@ -377,6 +399,10 @@ def worker():
     if "kill" in scenarios:  # the group is broken: tearing it down could block (NCCL)
         sys.stdout.flush()
         os._exit(0)
+    # Whatever the scenarios left in reference cycles (DTensor meshes, say) goes now, so that
+    # destroy_process_group() drops the last references to the groups while the interpreter is
+    # fully alive.
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 
@@ -618,7 +644,7 @@ def runs(tmp_path_factory):
         # The single-process state after 2 steps of this world size's global batch, for re-sharding.
         _, opt, _ = run_reference(world, torch.float32, 2)
         torch.save(opt.state_dict(), out / "ref_state.pt")
-        scenarios = ["exact", "dion_q", "saveload", "mismatch"] + (["subgroup"] if world == 3 else [])
+        scenarios = ["exact", "dion_q", "saveload", "mismatch", "release"] + (["subgroup"] if world == 3 else [])
         t0 = time.time()
         results[world] = launch(world, scenarios, out, {"ORTHOPT_TEST_REF_STATE": str(out / "ref_state.pt")})
         print(f"\n{world} ranks: {time.time() - t0:.1f} s; per scenario (rank 0): " +
@@ -660,6 +686,11 @@ def test_save_load_continues_bit_identically_and_reshards(runs, world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_mismatch_raises_on_every_rank(runs, world):
     check_mismatch(result(runs[world]["mismatch"]), world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dropped_optimizer_is_freed_without_garbage_collection(runs, world):
+    assert all(x["freed"] for x in result(runs[world]["release"]))
 
 
 def test_subgroup_of_three_ranks_matches_two_rank_reference(runs, reference):
