@@ -399,9 +399,8 @@ def worker():
     if "kill" in scenarios:  # the group is broken: tearing it down could block (NCCL)
         sys.stdout.flush()
         os._exit(0)
-    # Whatever the scenarios left in reference cycles (DTensor meshes, say) goes now, so that
-    # destroy_process_group() drops the last references to the groups while the interpreter is
-    # fully alive.
+    # Reference cycles the scenarios left behind go now, so that destroy_process_group() drops the
+    # last references to the groups while the interpreter is fully alive.
     gc.collect()
     torch.distributed.destroy_process_group()
 
