@@ -143,12 +143,19 @@ int run_step(const StepArgs& a) {
     throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
   at::manual_seed(0);
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms", "max ms");
+  std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms",
+                           "max ms", "host ms");
   auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
-    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms, t.min_ms,
-                             t.max_ms);
-    rows.push_back({{"set", set}, {"optimizer", what}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
-                    {"max_ms", t.max_ms}});
+    // On CUDA a step whose enqueue takes longer than the step itself is host-bound.
+    const bool host_bound = device.is_cuda() && t.host_median_ms > t.median_ms;
+    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}{}\n", set, what, t.median_ms,
+                             t.min_ms, t.max_ms, t.host_median_ms, host_bound ? "  host-bound" : "");
+    rows.push_back({{"set", set},
+                    {"optimizer", what},
+                    {"median_ms", t.median_ms},
+                    {"min_ms", t.min_ms},
+                    {"max_ms", t.max_ms},
+                    {"host_median_ms", t.host_median_ms}});
   };
   for (const auto& set : a.sets) {
     for (const auto& alg : a.algorithms) {
@@ -203,7 +210,9 @@ int run_step(const StepArgs& a) {
   }
   std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps, each configuration's\n"
                "eager and graph steps round-robin, the two peers round-robin. Peers: torch ops\n"
-               "written in this benchmark (torch.optim.Muon's per-parameter formulation; per-parameter AdamW).\n";
+               "written in this benchmark (torch.optim.Muon's per-parameter formulation; per-parameter AdamW).\n"
+               "host ms: median host time until step() returned, each step started on an idle device (on CUDA the\n"
+               "time to enqueue it; host-bound: more than the step's median, so its kernels wait for the host).\n";
   if (!a.json.empty()) {
     std::ofstream f(a.json);
     if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");

@@ -11,6 +11,10 @@ struct Timing {
   double median_ms;
   double min_ms;
   double max_ms;
+  // Median host time until fn() returned, every run started on an idle device. On CUDA that is
+  // the time to enqueue the work: a contender whose host time exceeds its median_ms is
+  // host-bound (its kernels wait for their launches). On the CPU it is the run itself.
+  double host_median_ms;
 };
 
 // Runs fn `warmup` times, then `repeats` times; each run is timed with CUDA events on a CUDA

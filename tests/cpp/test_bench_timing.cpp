@@ -1,7 +1,8 @@
 // bench::time_round_robin (bench/timing.cpp, built into `orthopt bench`): the order in which the
 // contenders run (warm-up rounds in list order, then timed rounds each starting one contender
 // later, so no contender always runs first) and that each contender's timing is its own (one
-// that sleeps reads at least its sleep, the others far less). CPU timing: host clock.
+// that sleeps reads at least its sleep, the others far less; so does its host time). CPU
+// timing: host clock.
 #include <gtest/gtest.h>
 
 #include <c10/core/Device.h>
@@ -38,4 +39,8 @@ TEST(BenchTiming, EachContenderIsTimedOnItsOwn) {
   EXPECT_GE(t[1].min_ms, 3.0);
   EXPECT_LT(t[0].median_ms, t[1].median_ms);
   EXPECT_LT(t[2].median_ms, t[1].median_ms);
+  // The host time is the time until fn() returned: on the CPU the run itself, within its span.
+  EXPECT_GE(t[1].host_median_ms, 3.0);
+  EXPECT_LT(t[0].host_median_ms, t[1].host_median_ms);
+  for (const auto& x : t) EXPECT_LE(x.host_median_ms, x.max_ms);
 }
