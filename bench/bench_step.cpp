@@ -146,10 +146,8 @@ int run_step(const StepArgs& a) {
   std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms",
                            "max ms", "host ms");
   auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
-    // On CUDA a step whose enqueue takes longer than the step itself is host-bound.
-    const bool host_bound = device.is_cuda() && t.host_median_ms > t.median_ms;
-    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}{}\n", set, what, t.median_ms,
-                             t.min_ms, t.max_ms, t.host_median_ms, host_bound ? "  host-bound" : "");
+    std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms,
+                             t.min_ms, t.max_ms, t.host_median_ms);
     rows.push_back({{"set", set},
                     {"optimizer", what},
                     {"median_ms", t.median_ms},
@@ -211,8 +209,9 @@ int run_step(const StepArgs& a) {
   std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps, each configuration's\n"
                "eager and graph steps round-robin, the two peers round-robin. Peers: torch ops\n"
                "written in this benchmark (torch.optim.Muon's per-parameter formulation; per-parameter AdamW).\n"
-               "host ms: median host time until step() returned, each step started on an idle device (on CUDA the\n"
-               "time to enqueue it; host-bound: more than the step's median, so its kernels wait for the host).\n";
+               "host ms: median host time until step() returned, each step started on an idle device. On CUDA that\n"
+               "is the time to enqueue it, and a step takes at least that long: where the two are close, the step\n"
+               "is host-bound (its kernels wait for their launches).\n";
   if (!a.json.empty()) {
     std::ofstream f(a.json);
     if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");

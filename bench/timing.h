@@ -12,8 +12,9 @@ struct Timing {
   double min_ms;
   double max_ms;
   // Median host time until fn() returned, every run started on an idle device. On CUDA that is
-  // the time to enqueue the work: a contender whose host time exceeds its median_ms is
-  // host-bound (its kernels wait for their launches). On the CPU it is the run itself.
+  // the time to enqueue the work, a lower bound of median_ms: where the two are close, the
+  // contender is host-bound (its kernels wait for their launches). On the CPU it is the run
+  // itself.
   double host_median_ms;
 };
 
