@@ -457,12 +457,15 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
   return out;
 }
 
-at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
-  const at::Tensor X = detail::orthogonalize_in_compute_dtype(G, opt);
+at::Tensor detail::cast_result(const at::Tensor& X, at::ScalarType dtype) {
 #ifdef ORTHOPT_WITH_CUDA
-  if (X.is_cuda()) return cuda::cast(X, G.scalar_type());  // X.to(), by the vectorized kernel
+  if (X.is_cuda()) return cuda::cast(X, dtype);  // X.to(), by the vectorized kernel
 #endif
-  return X.to(G.scalar_type());
+  return X.to(dtype);
+}
+
+at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
+  return detail::cast_result(detail::orthogonalize_in_compute_dtype(G, opt), G.scalar_type());
 }
 
 }  // namespace orthopt

@@ -28,4 +28,7 @@ std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at
                                                             const OrthoOptions& opt,
                                                             const std::vector<at::Tensor>& norms = {});
 
+// X.to(dtype), on the GPU by the vectorized cast kernel: what orthogonalize() does last.
+at::Tensor cast_result(const at::Tensor& X, at::ScalarType dtype);
+
 }  // namespace orthopt::detail
