@@ -686,8 +686,8 @@ class OptimizerImpl {
     // Per bank: the selected rows [B, k], as indices into [B·rows] (flat_rows), and the selection
     // [B, k, cols].
     std::vector<at::Tensor> rows(bks.size()), flat(bks.size()), selected(bks.size());
-    for (size_t k = 0; k < bks.size(); ++k) {
-      const Bank& b = bks[k];
+    for (size_t bi = 0; bi < bks.size(); ++bi) {
+      const Bank& b = bks[bi];
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
       std::vector<at::Tensor> grads;
       for (size_t i : b.params) grads.push_back(groups[g].params[i].grad().detach());
@@ -707,7 +707,7 @@ class OptimizerImpl {
           }
           cuda::momentum_rows(momenta, grads, {}, row_scores, b.cols, 1.0, 1.0, /*nesterov=*/false,
                               cuda::RowStat::L1OfMomentum, keep_flag());
-          rows[k] = optim_detail::dion3_top_rows(scores, o.fraction);
+          rows[bi] = optim_detail::dion3_top_rows(scores, o.fraction);
         } else
 #endif
         {
@@ -715,38 +715,38 @@ class OptimizerImpl {
             const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
             b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
           }
-          rows[k] = optim_detail::dion3_rows(M, o.fraction);
+          rows[bi] = optim_detail::dion3_rows(M, o.fraction);
         }
-        flat[k] = optim_detail::flat_rows(rows[k], b.rows);
-        selected[k] = optim_detail::take_rows(M, flat[k]).view({b.size(), rows[k].size(-1), b.cols});
-        optim_detail::put_rows_(M, flat[k], gated(selected[k] * o.momentum, selected[k]));
+        flat[bi] = optim_detail::flat_rows(rows[bi], b.rows);
+        selected[bi] = optim_detail::take_rows(M, flat[bi]).view({b.size(), rows[bi].size(-1), b.cols});
+        optim_detail::put_rows_(M, flat[bi], gated(selected[bi] * o.momentum, selected[bi]));
       } else {  // (a scope, so the bank-sized momentum temporaries are freed before the next bank's)
         const auto momenta = bank_state(g, b, "momentum");
         const at::Tensor M_old = stack_bank(momenta, b.rows, b.cols, b.dtype);
         auto sel = optim_detail::dion3_select(M_old + stack_bank(grads, b.rows, b.cols, b.dtype), o.fraction,
                                               o.momentum);
         commit_bank(b, momenta, sel.momentum, M_old);
-        rows[k] = sel.rows;
-        selected[k] = sel.selected;
-        flat[k] = optim_detail::flat_rows(rows[k], b.rows);
+        rows[bi] = sel.rows;
+        selected[bi] = sel.selected;
+        flat[bi] = optim_detail::flat_rows(rows[bi], b.rows);
       }
     }
     // 4: every bank's selection in one call (Dion3 has no split_sizes): each is an independent
     // chain of products, so on a GPU the small chains run side by side, and the Gram NS of
     // selections with the same m iterates as one batch (orthogonalize_many_in_compute_dtype).
-    // On GPT-2 the four banks' chains ran one after another.
+    // All banks' selections are alive at once (Llama 1.26B, fp32: about 1.1 GB).
     const std::vector<at::Tensor> ns =
         detail::orthogonalize_many_in_compute_dtype(selected, batch_ortho_options(o.ortho));
-    for (size_t k = 0; k < bks.size(); ++k) {
-      const Bank& b = bks[k];
+    for (size_t bi = 0; bi < bks.size(); ++bi) {
+      const Bank& b = bks[bi];
       // 5: NorMuon on the selected rows, of the NS result in the selection's dtype (what
       // orthogonalize() returns).
-      const at::Tensor U = detail::cast_result(ns[k], selected[k].scalar_type());
+      const at::Tensor U = detail::cast_result(ns[bi], selected[bi].scalar_type());
       const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
-      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[k]).view({b.size(), rows[k].size(-1), 1});
+      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[bi]).view({b.size(), rows[bi].size(-1), 1});
       auto [U_hat, V_sel_new] =
           optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
-      optim_detail::put_rows_(V, flat[k], gated(V_sel_new.to(at::kFloat), V_sel_old));
+      optim_detail::put_rows_(V, flat[bi], gated(V_sel_new.to(at::kFloat), V_sel_old));
       // 6-7: decay everywhere, the step on the selected rows.
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
@@ -756,8 +756,8 @@ class OptimizerImpl {
         // elsewhere; the same arithmetic as the zero-padded update, one pass over the weights.
         const at::Tensor D = U_hat.contiguous().view({-1, b.cols});                 // [B·k, cols]
         const at::Tensor map =
-            at::full({b.size() * b.rows}, -1, rows[k].options().dtype(at::kInt))
-                .index_copy_(0, flat[k], at::arange(flat[k].numel(), rows[k].options().dtype(at::kInt)));
+            at::full({b.size() * b.rows}, -1, rows[bi].options().dtype(at::kInt))
+                .index_copy_(0, flat[bi], at::arange(flat[bi].numel(), rows[bi].options().dtype(at::kInt)));
         std::vector<at::Tensor> weights, copies, directions, maps;
         for (size_t j = 0; j < b.params.size(); ++j) {
           add_weights(g, b.params[j], weights, copies);
@@ -773,7 +773,7 @@ class OptimizerImpl {
       for (size_t i : b.params) storage.push_back(weight_storage(g, i));
       const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
       write_weights_bank(g, b,
-                         optim_detail::decoupled_update_rows(W_old, rows[k], U_hat.to(b.dtype), lr, lr * factor,
+                         optim_detail::decoupled_update_rows(W_old, rows[bi], U_hat.to(b.dtype), lr, lr * factor,
                                                              o.weight_decay, o.cautious_weight_decay),
                          W_old);
     }
