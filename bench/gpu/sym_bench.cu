@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -69,10 +70,56 @@ std::vector<double> interleaved_median_ms(const std::vector<std::function<void()
   return median;
 }
 
+struct Shape { int64_t batch, m, k; };
+
+// The epilogue probe: the ping-pong and cooperative kernels (bf16, no C) timed with their
+// full epilogue, with only the in-place half of each tile stored (no mirrored stores) and with
+// no stores at all (sym_abt_wgmma_epilogue_probe: D is wrong in the last two; timing only),
+// round-robin with the dense cuBLAS product of the same operands. The rows say how much of each
+// kernel's time its stores cost, and how far the main loop alone is from cuBLAS's rate.
+int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
+  std::printf("| batch×m×k | dense cuBLAS ms | pingpong | pp in-place only | pp no stores | coop | coop in-place only "
+              "| coop no stores | pp no stores / dense·½ | coop no stores / dense·½ |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    __nv_bfloat16 *A, *D;
+    const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
+    CK(cudaMalloc(&A, na * 2));
+    CK(cudaMalloc(&D, nd * 2));
+    fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
+    CK(cudaGetLastError());
+    const float one = 1.0f, zero = 0.0f;
+    auto dense = [&] {
+      CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.m, s.k, &one, A, CUDA_R_16BF, s.k, s.m * s.k,
+                                    A, CUDA_R_16BF, s.k, s.m * s.k, &zero, D, CUDA_R_16BF, s.m, s.m * s.m, s.batch,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    auto probe = [&](orthopt_sym_path p, int stores) {
+      return [&, p, stores] {
+        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(p, stores, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f,
+                                                   nullptr, 0, 0.0f, 0.0f, D, s.m * s.m, nullptr));
+      };
+    };
+    constexpr orthopt_sym_path PP = ORTHOPT_SYM_WGMMA_PINGPONG, CO = ORTHOPT_SYM_WGMMA_COOP;
+    const std::vector<double> t = interleaved_median_ms(
+        {dense, probe(PP, 0), probe(PP, 1), probe(PP, 2), probe(CO, 0), probe(CO, 1), probe(CO, 2)}, 3, repeats);
+    // The lower-triangle kernels do about half the dense product's work (a little more: the
+    // diagonal tiles), so dense·½ is where they would be at cuBLAS's rate.
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n", (long long)s.batch,
+                (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[3] / (0.5 * t[0]),
+                t[6] / (0.5 * t[0]));
+    cudaFree(A);
+    cudaFree(D);
+  }
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16, no C. The probe columns "
+              "leave D wrong (timing only).\n",
+              repeats);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  struct Shape { int64_t batch, m, k; };
   std::vector<Shape> shapes = {{1, 1024, 1024}, {1, 2048, 2048}, {1, 4096, 4096}, {1, 8192, 8192},
                                {1, 4096, 14336}, {16, 1536, 2048}, {16, 1536, 1536}, {128, 1536, 2048},
                                {32, 2048, 7168}, {32, 2048, 2048},
@@ -84,6 +131,9 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
+  // SYM_BENCH_EPILOGUE=1: only the epilogue probe (what the persistent kernels' stores cost).
+  if (const char* probe = std::getenv("SYM_BENCH_EPILOGUE"); probe && std::string(probe) == "1")
+    return epilogue_probe(h, shapes, repeats);
   std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).

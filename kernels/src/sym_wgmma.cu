@@ -407,7 +407,7 @@ __device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r,
 // matrix's D. With MayBeUpper and upper, the accumulator is instead the transpose of a lower
 // tile, at its mirrored (upper) place: stored in place on or above the diagonal and mirrored
 // where the source lies strictly above it (the wide kernel's tiles of block column 0).
-template <typename T, int CBoxRows, bool MayBeUpper = false>
+template <typename T, int CBoxRows, bool MayBeUpper = false, bool Mirror = true>
 __device__ __forceinline__ void store_half_lower_mirrored(const float (&acc)[64], const unsigned char* Cs, int c_row0,
                                                           const T* __restrict__ Cz, T* __restrict__ Dz, int m, int row0,
                                                           int col0, float alpha, float beta, float diag,
@@ -457,6 +457,7 @@ __device__ __forceinline__ void store_half_lower_mirrored(const float (&acc)[64]
         }
         const bool in_place[2] = {gr < m && gc < m && keep(gr, gc), gr < m && gc + 1 < m && keep(gr, gc + 1)};
         store_pair(Dz + static_cast<int64_t>(gr) * m + gc, out.v, in_place);
+        if constexpr (!Mirror) continue;  // the epilogue probe (EpilogueProbe::InPlace): wrong D
         const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
         // t holds the block's elements (mc + q, mr): their mirror is (mr, mc + q), written where
         // the source lies strictly on the stored side (the diagonal is written in place).
@@ -471,13 +472,13 @@ __device__ __forceinline__ void store_half_lower_mirrored(const float (&acc)[64]
 
 // The epilogue of one 128×128 tile held by a warpgroup (acc0: rows 0..63, acc1: rows 64..127),
 // C from a 128×128 shared tile Cs (two boxes of 128 rows) or as above.
-template <typename T>
+template <typename T, bool Mirror = true>
 __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64], const float (&acc1)[64],
                                                           const unsigned char* Cs, const T* __restrict__ Cz,
                                                           T* __restrict__ Dz, int m, int row0, int col0, float alpha,
                                                           float beta, float diag) {
-  store_half_lower_mirrored<T, kBM>(acc0, Cs, 0, Cz, Dz, m, row0, col0, alpha, beta, diag);
-  store_half_lower_mirrored<T, kBM>(acc1, Cs, 64, Cz, Dz, m, row0 + 64, col0, alpha, beta, diag);
+  store_half_lower_mirrored<T, kBM, false, Mirror>(acc0, Cs, 0, Cz, Dz, m, row0, col0, alpha, beta, diag);
+  store_half_lower_mirrored<T, kBM, false, Mirror>(acc1, Cs, 64, Cz, Dz, m, row0 + 64, col0, alpha, beta, diag);
 }
 
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
@@ -593,10 +594,15 @@ __device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, cons
   tma_load(cs + kCTileBytes / 2, map_c, &c_full[w], col0 + 64, row0, z);
 }
 
+// What the persistent kernels' epilogue stores: everything (the product), or, as a timing probe
+// that leaves D wrong (bench/gpu/sym_bench.cu, SYM_BENCH_EPILOGUE=1), only the in-place half of
+// each tile or nothing, to measure what the epilogue's stores cost.
+enum class EpilogueProbe { Full, InPlace, None };
+
 // Consumer warpgroup w: the epilogue of its tile n at (row0, col0) of matrix z, with C from its
 // TMA buffer (c_by_tma), from global memory (C without CTma) or none; store = false skips the
 // stores but still takes part in the C buffer's barriers.
-template <typename T, bool CTma>
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
 __device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], const float (&acc1)[64], int64_t n, int w,
                                                      bool c_by_tma, unsigned char* cbuf, uint64_t* c_full,
                                                      uint64_t* c_empty, const T* C, int64_t stride_c, T* D,
@@ -607,9 +613,10 @@ __device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], co
     cs = cbuf + w * kCTileBytes;
     wait_c_buffer(n, w, c_full);
   }
-  if (store)
-    store_tile_lower_mirrored<T>(acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                 D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
+  if (store && Epi != EpilogueProbe::None)
+    store_tile_lower_mirrored<T, Epi == EpilogueProbe::Full>(
+        acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
+        D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
   if (c_by_tma) release_c_buffer(w, c_empty);
 }
 
@@ -644,7 +651,7 @@ __device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_
   return sh;
 }
 
-template <typename T, bool CTma>
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                               const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
@@ -704,8 +711,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
 
-    finish_pingpong_tile<T, CTma>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d, z, m,
-                                  row0, col0, alpha, beta, diag, true);
+    finish_pingpong_tile<T, CTma, Epi>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d,
+                                       z, m, row0, col0, alpha, beta, diag, true);
   }
 }
 
@@ -750,7 +757,7 @@ __device__ __forceinline__ void lower_wide_tile(int64_t idx, int* ti_out, int* t
 // Wide tiles of a matrix with t rows of 128×128 blocks.
 inline int64_t wide_tiles(int64_t t) { return t % 2 == 0 ? (t / 2) * (t / 2 + 1) : (t / 2 + 1) * (t / 2 + 1); }
 
-template <typename T, bool CTma>
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
@@ -836,9 +843,11 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       wgmma_wait<0>();
       if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
       if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-      store_tile_lower_mirrored<T>(acc0, acc1, c_by_tma ? cbuf + w * kCTileBytes : nullptr,
-                                   !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
-                                   D + static_cast<int64_t>(z) * stride_d, m, ti * kBM, tj * kBM, alpha, beta, diag);
+      if constexpr (Epi != EpilogueProbe::None)
+        store_tile_lower_mirrored<T, Epi == EpilogueProbe::Full>(
+            acc0, acc1, c_by_tma ? cbuf + w * kCTileBytes : nullptr,
+            !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr, D + static_cast<int64_t>(z) * stride_d, m,
+            ti * kBM, tj * kBM, alpha, beta, diag);
     } else {
       // Above the diagonal: one thread passes each stage on in step with the other warpgroup,
       // and waits for this tile's C too, so that the arrival on c_empty below cannot count
@@ -1292,7 +1301,7 @@ orthopt_status make_c_map(CUtensorMap* map_c, bool* by_tma, orthopt_dtype dtype,
 
 // The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
 // one grid of min(tiles, SMs) CTAs of the kernel instance for this C path.
-template <typename T, bool Coop>
+template <typename T, bool Coop, EpilogueProbe Epi = EpilogueProbe::Full>
 orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                  int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                  int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1306,7 +1315,8 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   const int64_t total = per_matrix * batch;
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    constexpr auto kernel = Coop ? sym_wgmma_coop_kernel<T, kCByTma> : sym_wgmma_pingpong_kernel<T, kCByTma>;
+    constexpr auto kernel =
+        Coop ? sym_wgmma_coop_kernel<T, kCByTma, Epi> : sym_wgmma_pingpong_kernel<T, kCByTma, Epi>;
     return launch_one_per_sm<kernel>(Coop ? coop_smem_bytes<kCByTma>() : pp_smem_bytes<kCByTma>(), total, stream,
                                      map_a, map_b, map_c, static_cast<const T*>(C), stride_c, static_cast<T*>(D),
                                      stride_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag, per_matrix,
@@ -1461,6 +1471,30 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     return run(launch<T>);
   };
   return dtype == ORTHOPT_BF16 ? by_path(__nv_bfloat16{}) : by_path(__half{});
+}
+
+orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, int64_t batch, int64_t m, int64_t k,
+                                            const void* A, int64_t stride_a, const void* B, int64_t stride_b,
+                                            float alpha, const void* C, int64_t stride_c, float beta, float diag,
+                                            void* D, int64_t stride_d, cudaStream_t stream) {
+  if (path != ORTHOPT_SYM_WGMMA_PINGPONG && path != ORTHOPT_SYM_WGMMA_COOP)
+    return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: path must be WGMMA_PINGPONG or WGMMA_COOP");
+  using T = __nv_bfloat16;
+  auto run = [&](auto launcher) {
+    return launcher(ORTHOPT_BF16, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d,
+                    stream);
+  };
+  const bool coop = path == ORTHOPT_SYM_WGMMA_COOP;
+  switch (stores) {
+    case 0: return coop ? run(launch_persistent<T, true>) : run(launch_persistent<T, false>);
+    case 1:
+      return coop ? run(launch_persistent<T, true, EpilogueProbe::InPlace>)
+                  : run(launch_persistent<T, false, EpilogueProbe::InPlace>);
+    case 2:
+      return coop ? run(launch_persistent<T, true, EpilogueProbe::None>)
+                  : run(launch_persistent<T, false, EpilogueProbe::None>);
+    default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0, 1 or 2");
+  }
 }
 
 }  // namespace orthopt_k
