@@ -45,7 +45,12 @@ typedef enum {
                                 columns (two lower tiles of a block row) and one wgmma
                                 m64n256k16 per step: fewer shared-memory operand reads per
                                 multiply-add, more operand bytes from L2; slower than
-                                PINGPONG on an H200 (docs/gpu.md) */
+                                PINGPONG on an H200 (docs/gpu.md) */,
+  ORTHOPT_SYM_WGMMA_PINGPONG_TMA = 9 /* PINGPONG with the epilogue written into the consumer
+                                warpgroup's shared buffer and stored by TMA (whole 128-byte rows;
+                                the tile, then its transpose at the mirrored place), where D rows
+                                are 16-byte multiples and D (and C, if given) 16-byte aligned;
+                                PINGPONG's register epilogue elsewhere */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

@@ -9,21 +9,22 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
-// wgmma_coop, wgmma_pair, wgmma_wide) forces a path for AUTO (experiments, A/B timings).
+// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma) forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
     if (!v) return ORTHOPT_SYM_AUTO;
     for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
-                               ORTHOPT_SYM_WGMMA_WIDE})
+                               ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA})
       if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
 }
 
-// ORTHOPT_SYM_PERSISTENT=coop|pair|wide: AUTO takes the cooperative, pair or wide kernel wherever it
+// ORTHOPT_SYM_PERSISTENT=coop|pair|wide|tma: AUTO takes the cooperative, pair or wide kernel, or
+// ping-pong with the TMA-store epilogue, wherever it
 // would take the ping-pong kernel (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
@@ -31,6 +32,7 @@ orthopt_sym_path persistent_override() {
     if (v && std::string_view(v) == "coop") return ORTHOPT_SYM_WGMMA_COOP;
     if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
+    if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
     return ORTHOPT_SYM_WGMMA_PINGPONG;
   }();
   return p;
@@ -51,6 +53,7 @@ const char* sym_path_name(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_COOP: return "wgmma_coop";
     case ORTHOPT_SYM_WGMMA_PAIR: return "wgmma_pair";
     case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
+    case ORTHOPT_SYM_WGMMA_PINGPONG_TMA: return "wgmma_pingpong_tma";
   }
   return "?";
 }
@@ -103,7 +106,7 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
-      path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE) {
+      path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

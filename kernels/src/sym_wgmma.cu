@@ -33,7 +33,9 @@
 // so L2 bytes are not what limits ping-pong. A fifth (ORTHOPT_SYM_WGMMA_WIDE, last) keeps
 // ping-pong with 64×256 warpgroup units, one m64n256k16 per step: 17% fewer shared-memory
 // reads, and 1.2-1.55x slower (bench/results/2026-12-01-h200-wide.md), so shared-memory reads
-// are not it either.
+// are not it either. A sixth (ORTHOPT_SYM_WGMMA_PINGPONG_TMA, twelfth session, not yet run on a
+// GPU) is ping-pong with its epilogue staged in shared memory by stmatrix and written by TMA
+// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
@@ -100,6 +102,25 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       "[%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(k0), "r"(row0), "r"(z)
       : "memory");
+}
+
+// TMA store: the box {kBK, box rows, 1} at (c0, row0, batch) of the 3-D map from shared memory,
+// in the thread's current bulk group; bulk_commit() closes the group, bulk_wait_read() waits until
+// every group of the thread has finished reading shared memory (the buffer may be written
+// again). fence_async_shared() makes this thread's shared-memory writes visible to the bulk copy
+// engine (each writing thread, before the barrier after which one thread issues the store).
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int c0, int row0, int z) {
+  ORTHOPT_SM90A_ASM("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                        reinterpret_cast<uint64_t>(map)),
+                    "r"(smem_u32(src)), "r"(c0), "r"(row0), "r"(z)
+                    : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { ORTHOPT_SM90A_ASM("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() {
+  ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_async_shared() {
+  ORTHOPT_SM90A_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: start address,
@@ -390,11 +411,14 @@ __device__ __forceinline__ PairOf<T> pair_from_bits(uint32_t b) {
 // swizzle: 16-byte chunk j of row r sits at chunk j ^ (r % 8)), one box after the other; the
 // pair at (r, c), c even. The ping-pong kernels' 128×128 tiles are two boxes of 128 rows.
 constexpr size_t kCTileBytes = size_t(kBM) * kBM * 2;
+template <int BoxRows = kBM>
+__device__ __forceinline__ int c_tile_offset(int r, int c) {
+  const int box = c >> 6, cc = c & 63;
+  return box * (BoxRows * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
+}
 template <typename T, int BoxRows = kBM>
 __device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r, int c) {
-  const int box = c >> 6, cc = c & 63;
-  const int off = box * (BoxRows * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
-  return *reinterpret_cast<const PairOf<T>*>(cs + off);
+  return *reinterpret_cast<const PairOf<T>*>(cs + c_tile_offset<BoxRows>(r, c));
 }
 
 // The epilogue of 64 rows × 128 columns of a lower tile held by a warpgroup (one wgmma m64n128
@@ -479,6 +503,172 @@ __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64
                                                           float beta, float diag) {
   store_half_lower_mirrored<T, kBM, false, Mirror>(acc0, Cs, 0, Cz, Dz, m, row0, col0, alpha, beta, diag);
   store_half_lower_mirrored<T, kBM, false, Mirror>(acc1, Cs, 64, Cz, Dz, m, row0 + 64, col0, alpha, beta, diag);
+}
+
+// The pair p at byte offset off of a staged tile, element q only where keep_q.
+template <typename T>
+__device__ __forceinline__ void put_staged_pair(unsigned char* tile, int off, const PairOf<T>& p, bool keep0,
+                                                bool keep1) {
+  unsigned char* dst = tile + off;
+  if (keep0 && keep1) {
+    *reinterpret_cast<PairOf<T>*>(dst) = p;
+    return;
+  }
+  if (keep0) reinterpret_cast<T*>(dst)[0] = p.v[0];
+  if (keep1) reinterpret_cast<T*>(dst)[1] = p.v[1];
+}
+
+// Four 8×8 matrices of 16-bit values between shared memory and mma fragments (each thread's
+// register k: the pair at row lane/4, columns 2·(lane % 4) + {0, 1} of matrix k; lane L gives
+// the address of row L % 8 of matrix L / 8). stmatrix .trans stores each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  ORTHOPT_SM90A_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                    : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void stmatrix_x4(void* p, const uint32_t (&r)[4]) {
+  ORTHOPT_SM90A_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "r"(r[0]),
+                    "r"(r[1]), "r"(r[2]), "r"(r[3])
+                    : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(void* p, const uint32_t (&r)[4]) {
+  ORTHOPT_SM90A_ASM("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)),
+                    "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                    : "memory");
+}
+
+// One accumulator half (64 rows from tile row h0) of an off-diagonal tile in store_tile_tma,
+// four 8×8 blocks per instruction: matrix k = 2·dj + half of step jj is the block at rows
+// h0 + 16·warp + 8·half, columns 8·(2·jj + dj). Its C comes from `in` (ldmatrix), α·acc + β·C
+// is rounded and stored back in place into `in` (the same blocks this warp read: no other warp
+// touches them) and transposed into `mirror` at rows 8·(2·jj + dj), columns h0 + 16·warp +
+// 8·half (stmatrix .trans). Offsets in the staged layout (c_tile_offset) are a per-lane part
+// plus constants: lane L gives row L % 8 of matrix L / 8.
+template <typename T>
+__device__ __forceinline__ void stage_half_tma_blocks(const float (&acc)[64], int h0, unsigned char* in,
+                                                      unsigned char* mirror, bool with_c, float alpha, float beta) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+  const int lr = lane & 7, lk = lane >> 3, dj = lk >> 1, lhalf = lk & 1;
+  // In place, row h0 + 16·warp + 8·lhalf + lr, column block j = 2·jj + dj: box j / 8, chunk
+  // (j % 8) XOR (row % 8) = ((2·jj % 8) XOR dj XOR lr).
+  const int in_base = (h0 + 16 * warp + 8 * lhalf + lr) * 128, in_chunk = (dj ^ lr) << 4;
+  // Mirror, row 8·j + lr, column block (h0 + 16·warp + 8·lhalf) / 8: box h0 / 64, chunk
+  // (2·warp + lhalf) XOR lr.
+  const int mirror_base = (h0 >> 6) * 16384 + (8 * dj + lr) * 128 + (((2 * warp + lhalf) ^ lr) << 4);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int in_off = in_base + ((2 * jj) >> 3) * 16384 + ((((2 * jj) & 7) << 4) ^ in_chunk);
+    uint32_t c[4] = {0, 0, 0, 0};
+    if (with_c) ldmatrix_x4(c, in + in_off);
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 2 * jj + (k >> 1), half = k & 1;
+      const PairOf<T> cp = pair_from_bits<T>(c[k]);
+      PairOf<T> out;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float v = alpha * acc[4 * j + 2 * half + q];
+        if (with_c) v += beta * Elem<T>::load(&cp.v[q]);
+        out.v[q] = Elem<T>::make(v);
+      }
+      packed[k] = pair_bits(out);
+    }
+    stmatrix_x4(in + in_off, packed);
+    stmatrix_x4_trans(mirror + mirror_base + jj * 2048, packed);
+  }
+}
+
+__device__ __forceinline__ void stmatrix_x1(void* p, uint32_t r) {
+  ORTHOPT_SM90A_ASM("stmatrix.sync.aligned.m8n8.x1.shared.b16 [%0], {%1};\n" ::"r"(smem_u32(p)), "r"(r) : "memory");
+}
+__device__ __forceinline__ void stmatrix_x1_trans(void* p, uint32_t r) {
+  ORTHOPT_SM90A_ASM("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" ::"r"(smem_u32(p)), "r"(r)
+                    : "memory");
+}
+
+// One accumulator half of a diagonal tile in store_tile_tma, one 8×8 block at a time (the
+// block's position is the same for the whole warp): α·acc + β·C + diag·I (C from `in`, when
+// with_c) rounded; a block below the diagonal goes into `mirror` in place and transposed at
+// the mirrored place, a block on it in place below the diagonal and transposed above it (one
+// block, combined in registers), a block above it nowhere (a mirror covers it). `in` is only
+// read: other warps still read their C from it, at the mirrored positions too.
+template <typename T>
+__device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], int h0, const unsigned char* in,
+                                                        unsigned char* mirror, bool with_c, float alpha, float beta,
+                                                        float diag) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int rb = h0 + 16 * warp + 8 * half, cb = 8 * j;
+      if (rb + 7 < cb) continue;  // wholly above the diagonal
+      const int r = rb + lane / 4, c = cb + 2 * (lane % 4);
+      PairOf<T> cp{};
+      if (with_c) cp = c_tile_pair<T>(in, r, c);
+      PairOf<T> out;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float v = alpha * acc[4 * j + 2 * half + q];
+        if (with_c) v += beta * Elem<T>::load(&cp.v[q]);
+        if (r == c + q) v += diag;
+        out.v[q] = Elem<T>::make(v);
+      }
+      // Lane L gives row L % 8 of the one matrix (lanes 8-31: ignored, kept in range).
+      if (rb == cb) {
+        // The transpose holds element (c + q, r) at the lane's (r, c + q): the block's value is
+        // out below and on the diagonal, the transposed element above it.
+        const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
+        PairOf<T> sym;
+        sym.v[0] = c <= r ? out.v[0] : t.v[0];
+        sym.v[1] = c + 1 <= r ? out.v[1] : t.v[1];
+        stmatrix_x1(mirror + c_tile_offset(rb + (lane & 7), cb), pair_bits(sym));
+      } else {
+        stmatrix_x1(mirror + c_tile_offset(rb + (lane & 7), cb), pair_bits(out));
+        stmatrix_x1_trans(mirror + c_tile_offset(cb + (lane & 7), rb), pair_bits(out));
+      }
+    }
+}
+
+// The epilogue of one 128×128 tile held by consumer warpgroup w (acc0: rows 0..63, acc1: rows
+// 64..127) through its two 32 KiB buffers and TMA stores into D (ORTHOPT_SYM_WGMMA_PINGPONG_TMA):
+// `in` (the C tile's slot, holding the tile's C when with_c) and `mirror`, both in the layout
+// the C tile comes in (two boxes of 128 rows × 64 columns, 128-byte swizzle). Off the diagonal
+// the tile goes from `in` to (row0, col0) and its transpose from `mirror` to (col0, row0); on
+// the diagonal the one tile from `mirror`. So D is exactly symmetric, as with the register
+// epilogue, and TMA clips what lies past m. The buffers are written by stmatrix (four 8×8
+// blocks per instruction, .trans for the mirror) and the stores move whole 128-byte rows,
+// where each warp-wide pair store of the register epilogue writes 16 bytes into each of 8
+// rows. One thread issues the stores and waits until they have read the buffers; the caller's
+// next barrier (the C buffer's release, or the turn barrier before the next tile) orders that
+// before the buffers' reuse. ptxas (CUDA 13, sm_90a): no spills without C, 48 bytes with C
+// (the register epilogue: 148 and 48); a first version that staged the diagonal tiles pair
+// by pair spilled 0.5-1.2 KB.
+template <typename T>
+__device__ __forceinline__ void store_tile_tma(const float (&acc0)[64], const float (&acc1)[64], unsigned char* in,
+                                               unsigned char* mirror, bool with_c, const CUtensorMap* map_d, int z,
+                                               int row0, int col0, float alpha, float beta, float diag, int w) {
+  const bool on_diag = row0 == col0;
+  if (on_diag) {
+    stage_half_tma_diagonal<T>(acc0, 0, in, mirror, with_c, alpha, beta, diag);
+    stage_half_tma_diagonal<T>(acc1, 64, in, mirror, with_c, alpha, beta, diag);
+  } else {
+    stage_half_tma_blocks<T>(acc0, 0, in, mirror, with_c, alpha, beta);
+    stage_half_tma_blocks<T>(acc1, 64, in, mirror, with_c, alpha, beta);
+  }
+  fence_async_shared();  // this thread's writes, visible to the copy engine
+  named_bar_sync(3 + w, 128);
+  if (threadIdx.x % 128 == 0) {
+    if (!on_diag) {
+      tma_store(map_d, in, col0, row0, z);
+      tma_store(map_d, in + kCTileBytes / 2, col0 + 64, row0, z);
+    }
+    tma_store(map_d, mirror, on_diag ? col0 : row0, on_diag ? row0 : col0, z);
+    tma_store(map_d, mirror + kCTileBytes / 2, (on_diag ? col0 : row0) + 64, on_diag ? row0 : col0, z);
+    bulk_commit();
+    bulk_wait_read();
+  }
 }
 
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
@@ -621,44 +811,62 @@ __device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], co
 }
 
 constexpr int kPpStages = 4;  // 4, 5, 6, 7 measured on an H200 (with this epilogue): 4 fastest
+// Shared memory of a ping-pong ring of `Stages` stages and `Buffers` 32 KiB tile buffers.
+template <int Stages, int Buffers>
+constexpr size_t pp_smem_bytes_of() {
+  return 1024 + size_t(Stages) * kPpStageBytes + size_t(Buffers) * kCTileBytes + (2 * Stages + 4) * sizeof(uint64_t);
+}
 template <bool CTma>
 constexpr size_t pp_smem_bytes() {
-  return 1024 + size_t(kPpStages) * kPpStageBytes + (CTma ? 2 * kCTileBytes : 0) + (2 * kPpStages + 4) * sizeof(uint64_t);
+  return pp_smem_bytes_of<kPpStages, CTma ? 2 : 0>();
 }
+// The TMA-store epilogue's ping-pong (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): two buffers per consumer
+// warpgroup (the tile in place, in its C tile's slot, and the mirrored tile), which leaves room
+// for 3 stages in the 227 KiB a block may have.
+constexpr int kPpTmaStages = 3;
+constexpr size_t pp_tma_smem_bytes() { return pp_smem_bytes_of<kPpTmaStages, 4>(); }
+static_assert(pp_tma_smem_bytes() <= 227 * 1024, "the TMA-store ping-pong's shared memory exceeds 227 KiB");
 
 // The ping-pong ring's shared memory (the pair kernel's too), from a 1024-byte aligned start:
-// kPpStages stages of A and B tiles, with CTma one C tile per consumer warpgroup, then the
-// barriers of init_pingpong_barriers.
+// Stages stages of A and B tiles, the Buffers tile buffers (with C: one C tile per consumer
+// warpgroup first), then the barriers of init_pingpong_barriers.
 struct PingPongSmem {
   unsigned char* ring;
   unsigned char* cbuf;
-  uint64_t *full, *empty, *c_full, *c_empty;  // [kPpStages], [kPpStages], [2], [2]
+  uint64_t *full, *empty, *c_full, *c_empty;  // [Stages], [Stages], [2], [2]
   // Stage s's A and B tiles.
   __device__ __forceinline__ unsigned char* tile_a(int s) const {
     return ring + static_cast<size_t>(s) * kPpStageBytes;
   }
   __device__ __forceinline__ unsigned char* tile_b(int s) const { return tile_a(s) + kBM * kBK * 2; }
 };
-template <bool CTma>
-__device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_raw) {
+template <int Stages, int Buffers>
+__device__ __forceinline__ PingPongSmem carve_pingpong_smem_of(unsigned char* smem_raw) {
   PingPongSmem sh;
   sh.ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  sh.cbuf = sh.ring + size_t(kPpStages) * kPpStageBytes;
-  sh.full = reinterpret_cast<uint64_t*>(sh.cbuf + (CTma ? 2 * kCTileBytes : 0));
-  sh.empty = sh.full + kPpStages;
-  sh.c_full = sh.empty + kPpStages;
+  sh.cbuf = sh.ring + size_t(Stages) * kPpStageBytes;
+  sh.full = reinterpret_cast<uint64_t*>(sh.cbuf + size_t(Buffers) * kCTileBytes);
+  sh.empty = sh.full + Stages;
+  sh.c_full = sh.empty + Stages;
   sh.c_empty = sh.c_full + 2;
   return sh;
 }
+template <bool CTma>
+__device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_raw) {
+  return carve_pingpong_smem_of<kPpStages, CTma ? 2 : 0>(smem_raw);
+}
 
-template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
+// TmaStore (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): the epilogue through the warpgroup's C buffer (there
+// with or without C) and TMA stores into D by map_d (store_tile_tma); otherwise map_d is unused.
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, bool TmaStore = false>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                              const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
-                              T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
-                              int64_t tiles_per_mat, int64_t total_tiles) {
+                              const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
+                              const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
+                              int k, float alpha, float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const PingPongSmem sh = carve_pingpong_smem<CTma>(smem_raw);
+  constexpr int Stages = TmaStore ? kPpTmaStages : kPpStages;
+  const PingPongSmem sh = carve_pingpong_smem_of<Stages, TmaStore ? 4 : (CTma ? 2 : 0)>(smem_raw);
   unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
   uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
@@ -673,7 +881,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) init_pingpong_barriers<kPpStages>(full, empty, c_full, c_empty, 1);
+  if (tid == 0) init_pingpong_barriers<Stages>(full, empty, c_full, c_empty, 1);
   __syncthreads();
 
   if (wg == 2) {
@@ -685,7 +893,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         locate(blockIdx.x + n * gridDim.x, &z, &row0, &col0);
         if (c_by_tma) load_c_tile(n, cbuf, &map_c, c_full, c_empty, row0, col0, z);
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
-          const int s = acquire_stage<kPpStages>(g, full, empty, static_cast<uint32_t>(kPpStageBytes));
+          const int s = acquire_stage<Stages>(g, full, empty, static_cast<uint32_t>(kPpStageBytes));
           tma_load(sh.tile_a(s), &map_a, &full[s], kt * kBK, row0, z);
           tma_load(sh.tile_b(s), &map_b, &full[s], kt * kBK, col0, z);
         }
@@ -704,15 +912,22 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (n > 0) named_bar_sync(1 + w, 256);
     float acc0[64], acc1[64];
     int64_t g = n * ktiles;
-    consume_block<T, kPpStages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, [&](int s) {
+    consume_block<T, Stages>(acc0, acc1, full, smem, kPpStageBytes, kBM * kBK * 2, ktiles, g, [&](int s) {
       if (lt == 0) mbar_arrive(&empty[s]);
     });
     if (n + 1 < my_tiles) named_bar_arrive(1 + (1 - w), 256);  // the other warpgroup's turn
     wgmma_wait<0>();
-    if (lt == 0) mbar_arrive(&empty[(g - 1) % kPpStages]);
+    if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
 
-    finish_pingpong_tile<T, CTma, Epi>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d,
-                                       z, m, row0, col0, alpha, beta, diag, true);
+    if constexpr (TmaStore) {
+      if (c_by_tma) wait_c_buffer(n, w, c_full);
+      store_tile_tma<T>(acc0, acc1, cbuf + w * kCTileBytes, cbuf + (2 + w) * kCTileBytes, c_by_tma, &map_d, z, row0,
+                        col0, alpha, beta, diag, w);
+      if (c_by_tma) release_c_buffer(w, c_empty);
+    } else {
+      finish_pingpong_tile<T, CTma, Epi>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d,
+                                         z, m, row0, col0, alpha, beta, diag, true);
+    }
   }
 }
 
@@ -1299,9 +1514,16 @@ orthopt_status make_c_map(CUtensorMap* map_c, bool* by_tma, orthopt_dtype dtype,
   return make_map(map_c, dtype, C, batch, m, m, stride_c, box_rows);
 }
 
+// Whether the epilogue can store D by TMA (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): rows of 16-byte
+// multiples, a 16-byte aligned base and batch stride, and C absent or loaded by TMA too.
+bool d_by_tma(const void* D, int64_t m, int64_t stride_d, const void* C, bool c_by_tma) {
+  return m % 8 == 0 && (reinterpret_cast<uintptr_t>(D) % 16) == 0 && stride_d % 8 == 0 && (!C || c_by_tma);
+}
+
 // The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
-// one grid of min(tiles, SMs) CTAs of the kernel instance for this C path.
-template <typename T, bool Coop, EpilogueProbe Epi = EpilogueProbe::Full>
+// one grid of min(tiles, SMs) CTAs of the kernel instance for this C path. TmaStore (ping-pong
+// only): the epilogue by TMA stores where d_by_tma() allows, the register epilogue elsewhere.
+template <typename T, bool Coop, EpilogueProbe Epi = EpilogueProbe::Full, bool TmaStore = false>
 orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                  int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                  int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1313,16 +1535,31 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = Coop ? wide_tiles(t) : t * (t + 1) / 2;
   const int64_t total = per_matrix * batch;
-  auto run = [&](auto c_tma) -> orthopt_status {
+  CUtensorMap map_d{};
+  const bool tma_store = TmaStore && d_by_tma(D, m, stride_d, C, c_by_tma);
+  if (tma_store) ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
+  auto run = [&](auto c_tma, auto by_tma_store) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    constexpr auto kernel =
-        Coop ? sym_wgmma_coop_kernel<T, kCByTma, Epi> : sym_wgmma_pingpong_kernel<T, kCByTma, Epi>;
-    return launch_one_per_sm<kernel>(Coop ? coop_smem_bytes<kCByTma>() : pp_smem_bytes<kCByTma>(), total, stream,
-                                     map_a, map_b, map_c, static_cast<const T*>(C), stride_c, static_cast<T*>(D),
-                                     stride_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag, per_matrix,
-                                     total);
+    const T* c = static_cast<const T*>(C);
+    T* d = static_cast<T*>(D);
+    const int mi = static_cast<int>(m), ki = static_cast<int>(k);
+    if constexpr (Coop) {
+      return launch_one_per_sm<sym_wgmma_coop_kernel<T, kCByTma, Epi>>(coop_smem_bytes<kCByTma>(), total, stream,
+                                                                       map_a, map_b, map_c, c, stride_c, d, stride_d,
+                                                                       mi, ki, alpha, beta, diag, per_matrix, total);
+    } else {
+      constexpr bool kTmaStore = decltype(by_tma_store)::value;
+      return launch_one_per_sm<sym_wgmma_pingpong_kernel<T, kCByTma, Epi, kTmaStore>>(
+          kTmaStore ? pp_tma_smem_bytes() : pp_smem_bytes<kCByTma>(), total, stream, map_a, map_b, map_c, map_d, c, stride_c, d, stride_d,
+          mi, ki, alpha, beta, diag, per_matrix, total);
+    }
   };
-  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
+  if (tma_store) {
+    if constexpr (TmaStore && !Coop)
+      ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{}));
+  } else {
+    ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{}));
+  }
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
@@ -1468,6 +1705,8 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     if (path == ORTHOPT_SYM_WGMMA_WIDE) return run(launch_wide<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
+    if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA)
+      return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaStore=*/true>);
     return run(launch<T>);
   };
   return dtype == ORTHOPT_BF16 ? by_path(__nv_bfloat16{}) : by_path(__half{});
