@@ -524,7 +524,8 @@ __device__ __forceinline__ void put_staged_pair(unsigned char* tile, int off, co
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   ORTHOPT_SM90A_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                    : "r"(smem_u32(p)));
+                    : "r"(smem_u32(p))
+                    : "memory");
 }
 __device__ __forceinline__ void stmatrix_x4(void* p, const uint32_t (&r)[4]) {
   ORTHOPT_SM90A_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "r"(r[0]),
