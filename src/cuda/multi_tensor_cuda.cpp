@@ -266,6 +266,40 @@ void update_selected(const std::vector<at::Tensor>& weights, const std::vector<a
   bump_versions(param_copies);
 }
 
+at::Tensor normuon_factors(const at::Tensor& U, const at::Tensor& variance, const at::Tensor& variance_rows,
+                           double beta2, double eps, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::normuon_factors";
+  TORCH_CHECK(U.defined() && U.is_cuda() && U.dim() >= 2 && U.is_contiguous() && supported_dtype(U.scalar_type()) &&
+                  U.numel() > 0,
+              fn, ": argument 'U' must be a non-empty contiguous CUDA tensor of fp32, bf16 or fp16 matrices [..., rows, cols]");
+  const int64_t rows = U.size(-2), cols = U.size(-1), n_rows = U.numel() / cols;
+  TORCH_CHECK(variance.defined() && variance.is_cuda() && variance.device() == U.device() &&
+                  variance.scalar_type() == at::kFloat && variance.is_contiguous(),
+              fn, ": argument 'variance' must be a contiguous fp32 tensor on ", U.device());
+  const int64_t* rows_ptr = nullptr;
+  if (variance_rows.defined()) {
+    TORCH_CHECK(variance_rows.is_cuda() && variance_rows.device() == U.device() &&
+                    variance_rows.scalar_type() == at::kLong && variance_rows.is_contiguous() &&
+                    variance_rows.numel() == n_rows,
+                fn, ": argument 'variance_rows' must be a contiguous int64 tensor on ", U.device(), " with ", n_rows,
+                " entries (one per row of U), got ", variance_rows.numel(), " of ", variance_rows.scalar_type());
+    rows_ptr = variance_rows.data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(variance.numel() == n_rows, fn, ": argument 'variance' has ", variance.numel(), " entries, expected ",
+                n_rows, " (one per row of U)");
+  }
+  std::vector<int64_t> sizes = U.sizes().vec();
+  sizes.back() = 1;
+  at::Tensor factors = at::empty(sizes, U.options().dtype(at::kFloat));
+  const Launch launch(U.device(), keep, nullptr, fn);
+  check_status(orthopt_normuon_factors(n_rows / rows, rows, cols, U.data_ptr(), kernel_dtype(U.scalar_type()),
+                                       variance.data_ptr<float>(), rows_ptr, beta2, eps, factors.data_ptr<float>(),
+                                       launch.keep, launch.stream),
+               "orthopt_normuon_factors");
+  bump_versions({variance});
+  return factors;
+}
+
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
            const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,
            const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,

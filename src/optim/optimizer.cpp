@@ -739,18 +739,21 @@ class OptimizerImpl {
         detail::orthogonalize_many_in_compute_dtype(selected, batch_ortho_options(o.ortho));
     for (size_t bi = 0; bi < bks.size(); ++bi) {
       const Bank& b = bks[bi];
-      // 5: NorMuon on the selected rows, of the NS result in the selection's dtype (what
-      // orthogonalize() returns).
-      const at::Tensor U = detail::cast_result(ns[bi], selected[bi].scalar_type());
-      const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
-      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[bi]).view({b.size(), rows[bi].size(-1), 1});
-      auto [U_hat, V_sel_new] =
-          optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
-      optim_detail::put_rows_(V, flat[bi], gated(V_sel_new.to(at::kFloat), V_sel_old));
-      // 6-7: decay everywhere, the step on the selected rows.
+      // 5: NorMuon on the selected rows (their variances updated in place in V); 6-7: decay
+      // everywhere, the step on the selected rows.
+      const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // the variance is fp32
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {
+        // NorMuon by its kernels, the selected rows' variances read and written through flat
+        // (no gather and scatter of V), on the NS result in its compute dtype: the reference's
+        // cast to the fp32 selection widens bf16/fp16 exactly, and U · factors promotes to the
+        // same fp32 products, so Û is the reference's up to the order of the sums.
+        at::Tensor U = ns[bi];
+        if (U.scalar_type() == at::kDouble) U = detail::cast_result(U, selected[bi].scalar_type());
+        U = cuda::contiguous(U);
+        const at::Tensor U_hat =
+            U * cuda::normuon_factors(U, V, flat[bi], o.normuon_beta2, o.normuon_eps, keep_flag());
         // The update with a direction that is zero outside the selection, without that
         // full-size direction: the kernel reads Û's row where the row map points to one, D = 0
         // elsewhere; the same arithmetic as the zero-padded update, one pass over the weights.
@@ -769,6 +772,11 @@ class OptimizerImpl {
         continue;
       }
 #endif
+      // NorMuon of the NS result in the selection's dtype (what orthogonalize() returns).
+      const at::Tensor U = detail::cast_result(ns[bi], selected[bi].scalar_type());
+      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[bi]).view({b.size(), rows[bi].size(-1), 1});
+      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
+      optim_detail::put_rows_(V, flat[bi], gated(V_sel_new.to(at::kFloat), V_sel_old));
       std::vector<at::Tensor> storage;
       for (size_t i : b.params) storage.push_back(weight_storage(g, i));
       const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
@@ -968,7 +976,9 @@ class OptimizerImpl {
         // reductions and returns fp32): no fp32 copy of the NS result first.
         if (direct || row_scaled) {
           res = cuda::contiguous(U);
-          if (row_scaled) bank_factors[k] = normuon_bank_factors(g, b, res);
+          if (row_scaled)  // normuon_bank_factors() in two kernel launches
+            bank_factors[k] = cuda::normuon_factors(res, owned_bank(g, b, "variance", 1, at::kFloat), {},
+                                                    o.normuon_beta2, o.normuon_eps, keep_flag());
         } else {
           res = normuon_bank(g, b, U).contiguous();
         }

@@ -1,7 +1,7 @@
 // Correctness of the CUDA kernel library against float64 references computed on the host,
 // on random inputs, with outputs poisoned (NaN) before every call so that an unwritten element
 // fails. Covers the products (orthopt_sym_abt, orthopt_gemm), the multi-tensor elementwise
-// kernels of the optimizer step (orthopt_multi_*) and the scaled cast/transpose of the
+// kernels of the optimizer step (orthopt_multi_*, orthopt_normuon_factors) and the scaled cast/transpose of the
 // Newton–Schulz input (orthopt_scale_cast, bit-exact against a host emulation). Needs a GPU;
 // exits 77 (skip) without one.
 // `--quick` keeps sizes small for compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
@@ -842,6 +842,91 @@ void check_graph_capture(std::mt19937& rng) {
               ok ? "ok  " : "FAIL", numel.size());
 }
 
+// orthopt_normuon_factors against an fp64 reference of update_math.cpp's normuon_row_factors,
+// computed from the stored inputs. U: `batch` matrices [rows, cols] in dt, one tensor of a List
+// (odd offset: the row kernel's element path; aligned: its vector path where cols % 4 == 0). V:
+// fp32 with `extra` rows more than the matrices have; with `selected`, the rows of the matrices
+// take a random set of distinct V rows (variance_rows, Dion3), and every other V row must keep
+// its bytes. The factors are poisoned. Skipped step: V bit-identical, the factors still those of
+// the new variances.
+// Tolerances, relative (u = 2^-24, every quantity positive): a row's fp32 sum of cols rounded
+// squares errs by at most (cols + 1)·u; the new variance adds 3 roundings, 1/(√V + ε) halves the
+// variance's error and adds 3; each sum over the rows adds (rows + 1)·u, the ratio of the two
+// norms halves those and adds 3, the factor adds 1: in all below (2·cols + rows + 20)·u, taken
+// twice for room; the variance (cols + 5)·u, twice.
+void check_normuon_factors(int64_t batch, int64_t rows, int64_t cols, orthopt_dtype dt, bool selected, int64_t extra,
+                           int keep_mode, std::mt19937& rng) {
+  const double beta2 = 0.95, eps = 1e-8;
+  const bool skip = keep_mode == 2;
+  const int64_t n = batch * rows, v_rows = n + extra;
+  List U(dt, {n * cols}), V(ORTHOPT_FP32, {v_rows}), F(ORTHOPT_FP32, {n});
+  U.fill(rng, 0.05);
+  V.fill(rng, 1e-3, /*positive=*/true);
+  if (v_rows > 1) V.set(V.offset[0] + 1, 0.0);  // a zero variance (first step) among them
+  std::vector<int64_t> map(n);
+  for (int64_t i = 0; i < n; ++i) map[i] = i;
+  if (selected) {
+    std::vector<int64_t> all(v_rows);
+    for (int64_t i = 0; i < v_rows; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + n, map.begin());
+  }
+  int64_t* map_dev = nullptr;
+  if (selected) {
+    CHECK_CUDA(cudaMalloc(&map_dev, n * sizeof(int64_t)));
+    CHECK_CUDA(cudaMemcpy(map_dev, map.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice));
+  }
+  U.upload();
+  V.upload();
+  F.poison();
+  const auto U0 = U.bytes, V0 = V.bytes, F0 = F.bytes;
+  const Keep keep(keep_mode);
+  float* v_ptr = static_cast<float*>(V.ptrs()[0]);
+  const orthopt_status st = orthopt_normuon_factors(batch, rows, cols, U.ptrs()[0], dt, v_ptr, map_dev, beta2, eps,
+                                                    static_cast<float*>(F.ptrs()[0]), keep.ptr(), nullptr);
+  cudaFree(map_dev);
+  if (call_failed(st, "normuon_factors")) return;
+  U.download();
+  V.download();
+  F.download();
+  Worst worst;
+  std::vector<bool> touched(v_rows, false);
+  const double u = kU32;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> s(rows), inv(rows);
+    double sum_sq = 0, sum_hat = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = b * rows + r;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double x = decode(U0, dt, U.offset[0] + row * cols + c);
+        s[r] += x * x;
+      }
+      const int64_t vi = V.offset[0] + map[row];
+      const double v_new = decode(V0, ORTHOPT_FP32, vi) * beta2 + s[r] * ((1.0 - beta2) / cols);
+      inv[r] = 1.0 / (std::sqrt(v_new) + eps);
+      sum_sq += s[r];
+      sum_hat += s[r] * inv[r] * inv[r];
+      touched[map[row]] = true;
+      if (!skip) worst.add(V.get(vi), v_new, 2 * (cols + 5) * u * v_new + 1e-30);
+    }
+    const double ratio = std::sqrt(sum_sq) / std::max(std::sqrt(sum_hat), 1e-8);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double ref = inv[r] * ratio;
+      worst.add(F.get(F.offset[0] + b * rows + r), ref, 2 * (2 * cols + rows + 20) * u * ref + 1e-30);
+    }
+  }
+  // V rows outside the selection, and all of V on a skipped step, keep their bytes.
+  bool v_kept = true;
+  for (int64_t i = 0; i < v_rows; ++i)
+    if (skip || !touched[i]) v_kept = v_kept && std::memcmp(V.bytes.data() + (V.offset[0] + i) * 4,
+                                                            V0.data() + (V.offset[0] + i) * 4, 4) == 0;
+  const bool gaps = U.bytes == U0 && V.gaps_unchanged(V0) && F.gaps_unchanged(F0) && v_kept;
+  const std::string config = dts({{"U", dt}}) + "batch=" + std::to_string(batch) + " rows=" + std::to_string(rows) +
+                             " cols=" + std::to_string(cols) + (selected ? " selected" : "") + " " +
+                             keep_name(keep_mode);
+  report(worst.value <= 1.0 && gaps, "normuon", config, {n * cols}, worst.value, gaps);
+}
+
 void check_multi_errors() {
   const int64_t numel[2] = {3, 4};
   void* p = nullptr;
@@ -880,10 +965,21 @@ void check_multi_errors() {
   st = orthopt_multi_update_selected(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, maps, 3, nullptr, ORTHOPT_FP32,
                                      nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
   ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");  // 4 is not whole rows of 3
+  float* fp = static_cast<float*>(p);
+  st = orthopt_normuon_factors(2, 3, 0, p, ORTHOPT_BF16, fp, nullptr, 0.95, 1e-8, fp, nullptr, nullptr);
+  bool ok7 = st == ORTHOPT_ERR_INVALID && has("'cols'");
+  st = orthopt_normuon_factors(2, 3, 4, p, ORTHOPT_BF16, nullptr, nullptr, 0.95, 1e-8, fp, nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'variance'");
+  st = orthopt_normuon_factors(1, 2, 4, p, static_cast<orthopt_dtype>(9), fp, nullptr, 0.95, 1e-8, fp, nullptr,
+                               nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'u'") && has("fp32, bf16 or fp16");
+  st = orthopt_normuon_factors(0, 3, 4, nullptr, ORTHOPT_BF16, nullptr, nullptr, 0.95, 1e-8, nullptr, nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_OK;  // no matrices: a no-op
   cudaFree(p);
-  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7;
   if (!ok) ++g_failures;
-  std::printf("%s multi argument errors (%d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6);
+  std::printf("%s multi argument errors (%d %d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6,
+              ok7);
 }
 
 void check_multi(bool quick, std::mt19937& rng) {
@@ -928,6 +1024,17 @@ void check_multi(bool quick, std::mt19937& rng) {
       check_update_rows(cols, B16, F32, false, F32, false, 0, rng);
     }
     check_update_rows(768, F32, B16, true, B16, false, 2, rng);  // skip: nothing written
+    // NorMuon's row factors: GPT-2-like and ragged shapes, Dion3's selected variance rows, more
+    // rows than a block has threads (the strided loops), a skipped step.
+    for (orthopt_dtype dt : {F32, B16, F16}) {
+      check_normuon_factors(3, 40, 120, dt, false, 0, 0, rng);
+      check_normuon_factors(2, 7, 1, dt, true, 5, 1, rng);
+      check_normuon_factors(4, 192, 768, dt, true, 300, 1, rng);
+      check_normuon_factors(1, 300, 2051, dt, false, 0, 0, rng);
+    }
+    check_normuon_factors(2, 1000, 64, B16, false, 0, 1, rng);
+    check_normuon_factors(3, 96, 768, B16, true, 40, 2, rng);  // skip: V unchanged
+    check_normuon_factors(2, 96, 768, F32, false, 0, 2, rng);
   }
   g_aligned_lists = false;
   constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;
