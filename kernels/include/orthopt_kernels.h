@@ -213,6 +213,23 @@ orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, int64_t cols
                                        orthopt_dtype u_dtype, float* variance, const int64_t* variance_rows,
                                        double beta2, double eps, float* factors, const uint8_t* keep,
                                        cudaStream_t stream);
+/* Dion3's selection and error feedback (algorithms.md §5; orthopt's ATen reference:
+ * update_math.cpp, dion3_select, as the optimizer's banked path runs it) on `batch` momentum
+ * matrices M[b] [rows, cols] (contiguous, one after the other, `dtype`) and the k rows chosen in
+ * each (rows_idx: device int64 [batch·k], matrix b's at b·k.., each in [0, rows) and distinct
+ * within its matrix; not checked on the device):
+ *   selected[b·k + i, :] = M[b, rows_idx[b·k + i], :]    (the stored values; selected in dtype)
+ *   M[b, rows_idx[b·k + i], :] ← μ·(that row)            (one fp32 product, rounded to dtype)
+ *   flat[b·k + i] = b·rows + rows_idx[b·k + i]           (int64: the row in M's [batch·rows])
+ *   row_map[flat[b·k + i]] = b·k + i                     (int32, unless row_map is NULL: the
+ *      direction row of orthopt_multi_update_selected; other entries are not written, so fill
+ *      the map with -1 first)
+ * keep as for the multi-tensor kernels, except that a skipped step writes selected, flat and
+ * row_map (not M), as the reference computes them before its gated write. One launch (one
+ * warp per selected row), no allocation, no host synchronization. batch or k 0: nothing. */
+orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, void* momentum,
+                                       orthopt_dtype dtype, const int64_t* rows_idx, double mu, void* selected,
+                                       int64_t* flat, int32_t* row_map, const uint8_t* keep, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

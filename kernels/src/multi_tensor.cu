@@ -633,6 +633,45 @@ __global__ void __launch_bounds__(kThreads) normuon_factors_kernel(const NorMuon
   for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) f[r] = __fmul_rn(f[r], ratio);
 }
 
+// ---- Dion3's selection (orthopt_dion3_take_rows): one warp per selected row copies it out of
+// the momentum, scales it there by μ (error feedback) and records where it went.
+
+struct Dion3TakeArgs {
+  int64_t rows, cols, k, n_sel;  // n_sel = batch·k
+  void* momentum;
+  orthopt_dtype dtype;  // of the momentum and the selection
+  const int64_t* rows_idx;
+  float mu;
+  void* selected;
+  int64_t* flat;
+  int32_t* row_map;  // NULL: none
+  const uint8_t* keep;
+};
+
+__global__ void __launch_bounds__(kThreads) dion3_take_rows_kernel(const Dion3TakeArgs a) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;  // selected row
+  if (i >= a.n_sel) return;
+  const bool skip = skipped(a.keep);
+  const int64_t src = (i / a.k) * a.rows + a.rows_idx[i];  // its row in [batch·rows]
+  if (lane == 0) {
+    a.flat[i] = src;
+    if (a.row_map) a.row_map[src] = static_cast<int32_t>(i);
+  }
+  const int64_t m0 = src * a.cols, m_end = m0 + a.cols, s0 = i * a.cols;
+  const bool vec = a.cols % kVec == 0 && vec_aligned(a.momentum, a.dtype) && vec_aligned(a.selected, a.dtype);
+  constexpr int64_t kWarpPacks = int64_t(32) * kVec;
+  for (int64_t c = lane * kVec; c < a.cols; c += kWarpPacks) {
+    Pack x;
+    load_pack(a.momentum, m0 + c, m_end, a.dtype, vec, x);
+    store_pack(a.selected, s0 + c, s0 + a.cols, a.dtype, vec, x);  // the stored values: exact
+    if (skip) continue;
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) x[q] = __fmul_rn(x[q], a.mu);
+    store_pack(a.momentum, m0 + c, m_end, a.dtype, vec, x);
+  }
+}
+
 static_assert(sizeof(Table<3>) <= kTableBytes && sizeof(Table<4>) <= kTableBytes && sizeof(Table<6>) <= kTableBytes,
               "tables must fit the kernel-argument budget");
 static_assert(sizeof(Table<6>) + sizeof(AdamWArgs) <= 4096 && sizeof(Table<4>) + sizeof(LionArgs) <= 4096 &&
@@ -945,6 +984,40 @@ extern "C" orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, i
   const NorMuonArgs args{rows,          static_cast<float>(beta2), static_cast<float>((1.0 - beta2) / cols),
                          static_cast<float>(eps), variance, variance_rows, factors, keep};
   normuon_factors_kernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(args);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
+extern "C" orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, void* momentum,
+                                                  orthopt_dtype dtype, const int64_t* rows_idx, double mu,
+                                                  void* selected, int64_t* flat, int32_t* row_map,
+                                                  const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_dion3_take_rows";
+  if (batch < 0 || rows < 0 || cols < 0 || k < 0)
+    return fail(ORTHOPT_ERR_INVALID,
+                "%s: arguments 'batch', 'rows', 'cols' and 'k' must be >= 0, got %lld, %lld, %lld, %lld", fn,
+                (long long)batch, (long long)rows, (long long)cols, (long long)k);
+  if (batch == 0 || k == 0) return ORTHOPT_OK;
+  if (k > rows)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'k' = %lld exceeds 'rows' = %lld", fn, (long long)k,
+                (long long)rows);
+  if (cols == 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0", fn);
+  if (batch > kMaxBlocks || rows > kMaxNumel / batch || cols > kMaxNumel / (batch * rows))
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld x %lld x %lld elements exceed one launch", fn, (long long)batch,
+                (long long)rows, (long long)cols);
+  const int64_t n_sel = batch * k;
+  if (n_sel > int64_t(INT32_MAX))
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld selected rows exceed the int32 row map", fn, (long long)n_sel);
+  if (!momentum || !rows_idx || !selected || !flat)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'momentum', 'rows_idx', 'selected' and 'flat' must not be NULL",
+                fn);
+  if (!valid_elementwise_dtype(dtype))
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'dtype' must be fp32, bf16 or fp16, got %d", fn,
+                static_cast<int>(dtype));
+  const Dion3TakeArgs args{rows,     cols,     k,    n_sel, momentum, dtype, rows_idx, static_cast<float>(mu),
+                           selected, flat, row_map, keep};
+  dion3_take_rows_kernel<<<static_cast<unsigned>((n_sel + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+                           stream>>>(args);
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }

@@ -300,6 +300,32 @@ at::Tensor normuon_factors(const at::Tensor& U, const at::Tensor& variance, cons
   return factors;
 }
 
+Dion3Selection dion3_take_rows(const at::Tensor& M, const at::Tensor& rows_idx, double mu, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::dion3_take_rows";
+  TORCH_CHECK(M.defined() && M.is_cuda() && M.dim() == 3 && M.is_contiguous() && supported_dtype(M.scalar_type()) &&
+                  M.numel() > 0,
+              fn, ": argument 'M' must be a non-empty contiguous CUDA tensor [B, rows, cols] of fp32, bf16 or fp16");
+  const int64_t B = M.size(0), rows = M.size(1), cols = M.size(2);
+  TORCH_CHECK(rows_idx.defined() && rows_idx.is_cuda() && rows_idx.device() == M.device() &&
+                  rows_idx.scalar_type() == at::kLong && rows_idx.dim() == 2 && rows_idx.size(0) == B &&
+                  rows_idx.size(1) <= rows && rows_idx.is_contiguous(),
+              fn, ": argument 'rows_idx' must be a contiguous int64 tensor [", B, ", k <= ", rows, "] on ", M.device(),
+              ", got ", rows_idx.sizes(), " of ", rows_idx.scalar_type());
+  const int64_t k = rows_idx.size(1);
+  Dion3Selection out;
+  out.selected = at::empty({B, k, cols}, M.options());
+  out.flat = at::empty({B * k}, rows_idx.options());
+  out.row_map = at::full({B * rows}, -1, rows_idx.options().dtype(at::kInt));
+  const Launch launch(M.device(), keep, nullptr, fn);
+  check_status(orthopt_dion3_take_rows(B, rows, cols, k, M.data_ptr(), kernel_dtype(M.scalar_type()),
+                                       rows_idx.data_ptr<int64_t>(), mu, out.selected.data_ptr(),
+                                       out.flat.data_ptr<int64_t>(), out.row_map.data_ptr<int32_t>(), launch.keep,
+                                       launch.stream),
+               "orthopt_dion3_take_rows");
+  bump_versions({M});
+  return out;
+}
+
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
            const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,
            const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,

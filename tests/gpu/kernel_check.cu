@@ -1,7 +1,7 @@
 // Correctness of the CUDA kernel library against float64 references computed on the host,
 // on random inputs, with outputs poisoned (NaN) before every call so that an unwritten element
 // fails. Covers the products (orthopt_sym_abt, orthopt_gemm), the multi-tensor elementwise
-// kernels of the optimizer step (orthopt_multi_*, orthopt_normuon_factors) and the scaled cast/transpose of the
+// kernels of the optimizer step (orthopt_multi_*, orthopt_normuon_factors, orthopt_dion3_take_rows) and the scaled cast/transpose of the
 // Newton–Schulz input (orthopt_scale_cast, bit-exact against a host emulation). Needs a GPU;
 // exits 77 (skip) without one.
 // `--quick` keeps sizes small for compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
@@ -927,6 +927,87 @@ void check_normuon_factors(int64_t batch, int64_t rows, int64_t cols, orthopt_dt
   report(worst.value <= 1.0 && gaps, "normuon", config, {n * cols}, worst.value, gaps);
 }
 
+// orthopt_dion3_take_rows, bit for bit: the selection is a copy of the stored rows, the error
+// feedback one fp32 product rounded to the momentum's dtype (emulated on the host: the product
+// of two fp32 values in double is exact, then rounded to fp32 and to dt), flat and the row map
+// are integers. M: `batch` matrices of one List tensor (odd offset, or aligned: the vector path
+// where cols % 4 == 0); unselected rows of M, the map's unselected entries (pre-filled -1) and
+// all of M on a skipped step keep their bytes; the selection is poisoned before the call.
+void check_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, orthopt_dtype dt, bool map,
+                           int keep_mode, std::mt19937& rng) {
+  const double mu = 0.95;
+  const bool skip = keep_mode == 2;
+  const int64_t n_sel = batch * k;
+  List M(dt, {batch * rows * cols}), S(dt, {n_sel * cols});
+  M.fill(rng, 1.0);
+  std::vector<int64_t> idx(n_sel);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> perm(rows);
+    for (int64_t r = 0; r < rows; ++r) perm[r] = r;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy(perm.begin(), perm.begin() + k, idx.begin() + b * k);
+  }
+  int64_t *idx_dev = nullptr, *flat_dev = nullptr;
+  int32_t* map_dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&idx_dev, n_sel * 8));
+  CHECK_CUDA(cudaMalloc(&flat_dev, n_sel * 8));
+  CHECK_CUDA(cudaMalloc(&map_dev, batch * rows * 4));
+  CHECK_CUDA(cudaMemcpy(idx_dev, idx.data(), n_sel * 8, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(flat_dev, 0xFF, n_sel * 8));
+  CHECK_CUDA(cudaMemset(map_dev, 0xFF, batch * rows * 4));  // -1
+  M.upload();
+  S.poison();
+  const auto M0 = M.bytes, S0 = S.bytes;
+  const Keep keep(keep_mode);
+  const orthopt_status st = orthopt_dion3_take_rows(batch, rows, cols, k, M.ptrs()[0], dt, idx_dev, mu, S.ptrs()[0],
+                                                    flat_dev, map ? map_dev : nullptr, keep.ptr(), nullptr);
+  std::vector<int64_t> flat(n_sel);
+  std::vector<int32_t> row_map(batch * rows);
+  const bool failed = call_failed(st, "dion3_take_rows");
+  if (!failed) {
+    CHECK_CUDA(cudaMemcpy(flat.data(), flat_dev, n_sel * 8, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(row_map.data(), map_dev, batch * rows * 4, cudaMemcpyDeviceToHost));
+  }
+  cudaFree(idx_dev);
+  cudaFree(flat_dev);
+  cudaFree(map_dev);
+  if (failed) return;
+  M.download();
+  S.download();
+  const float mu32 = static_cast<float>(mu);
+  int64_t bad = 0;
+  std::vector<int32_t> map_ref(batch * rows, -1);
+  std::vector<bool> chosen(batch * rows, false);
+  for (int64_t i = 0; i < n_sel; ++i) {
+    const int64_t src = (i / k) * rows + idx[i];
+    chosen[src] = true;
+    map_ref[src] = static_cast<int32_t>(i);
+    bad += flat[i] != src;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t e = M.offset[0] + src * cols + c;
+      const double x = decode(M0, dt, e);
+      bad += std::memcmp(S.bytes.data() + (S.offset[0] + i * cols + c) * esize(dt), M0.data() + e * esize(dt),
+                         esize(dt)) != 0;
+      const float prod = static_cast<float>(static_cast<double>(static_cast<float>(x)) * mu32);  // exact, then fp32
+      std::vector<unsigned char> want(esize(dt));
+      encode(want, dt, 0, skip ? static_cast<float>(x) : prod);
+      bad += std::memcmp(M.bytes.data() + e * esize(dt), want.data(), esize(dt)) != 0;
+    }
+  }
+  for (int64_t r = 0; r < batch * rows; ++r) {
+    if (map) bad += row_map[r] != map_ref[r];
+    else bad += row_map[r] != -1;  // no map: untouched
+    if (!chosen[r])
+      bad += std::memcmp(M.bytes.data() + (M.offset[0] + r * cols) * esize(dt),
+                         M0.data() + (M.offset[0] + r * cols) * esize(dt), cols * esize(dt)) != 0;
+  }
+  const bool gaps = M.gaps_unchanged(M0) && S.gaps_unchanged(S0);
+  const std::string config = dts({{"M", dt}}) + "batch=" + std::to_string(batch) + " rows=" + std::to_string(rows) +
+                             " cols=" + std::to_string(cols) + " k=" + std::to_string(k) + (map ? " map " : " ") +
+                             keep_name(keep_mode);
+  report(bad == 0 && gaps, "take", config, {batch * rows * cols}, static_cast<double>(bad), gaps);
+}
+
 void check_multi_errors() {
   const int64_t numel[2] = {3, 4};
   void* p = nullptr;
@@ -975,6 +1056,13 @@ void check_multi_errors() {
   ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'u'") && has("fp32, bf16 or fp16");
   st = orthopt_normuon_factors(0, 3, 4, nullptr, ORTHOPT_BF16, nullptr, nullptr, 0.95, 1e-8, nullptr, nullptr, nullptr);
   ok7 = ok7 && st == ORTHOPT_OK;  // no matrices: a no-op
+  const int64_t* ip = static_cast<const int64_t*>(p);
+  st = orthopt_dion3_take_rows(2, 3, 4, 5, p, ORTHOPT_FP32, ip, 0.9, p, static_cast<int64_t*>(p), nullptr, nullptr,
+                               nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'k'") && has("'rows'");
+  st = orthopt_dion3_take_rows(2, 3, 4, 1, p, ORTHOPT_FP32, nullptr, 0.9, p, static_cast<int64_t*>(p), nullptr,
+                               nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'rows_idx'");
   cudaFree(p);
   const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7;
   if (!ok) ++g_failures;
@@ -1035,6 +1123,14 @@ void check_multi(bool quick, std::mt19937& rng) {
     check_normuon_factors(2, 1000, 64, B16, false, 0, 1, rng);
     check_normuon_factors(3, 96, 768, B16, true, 40, 2, rng);  // skip: V unchanged
     check_normuon_factors(2, 96, 768, F32, false, 0, 2, rng);
+    // Dion3's selection: one row, ragged and GPT-2-like shapes, all rows selected, no map, skip.
+    for (orthopt_dtype dt : {F32, B16, F16}) {
+      check_dion3_take_rows(1, 5, 1, 1, dt, true, 0, rng);
+      check_dion3_take_rows(3, 40, 7, 10, dt, true, 1, rng);
+      check_dion3_take_rows(12, 768, 768, 192, dt, true, 1, rng);
+      check_dion3_take_rows(2, 33, 2051, 33, dt, false, 0, rng);
+    }
+    check_dion3_take_rows(4, 300, 128, 75, F32, true, 2, rng);  // skip: M unchanged, the rest written
   }
   g_aligned_lists = false;
   constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;
