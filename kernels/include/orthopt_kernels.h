@@ -197,6 +197,44 @@ orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel, const voi
                                   orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
                                   double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
 
+/* NorMuon's row normalization factors (algorithms.md §4; orthopt's ATen reference:
+ * src/optim/update_math.cpp, normuon_row_factors) of `batch` matrices u[b] [rows, cols]
+ * (contiguous, one after the other, u_dtype), with their fp32 row variances updated:
+ *   s_r       = Σ_c u[r, c]²                        (fp32; the reference squares the row's norm)
+ *   V_r       ← β2·V_r + s_r·((1 − β2)/cols)
+ *   inv_r     = 1 / (√V_r + eps)
+ *   factor_r  = inv_r · (√Σ_r s_r / max(√Σ_r s_r·inv_r², 1e-8))   (sums per matrix)
+ * so that Û = u · factor (row r scaled) has u's Frobenius norm. factors: fp32 [batch·rows],
+ * written (also used as scratch: it must not overlap u or variance). variance: fp32; row r of
+ * matrix b is variance[b·rows + r], or with variance_rows (device int64 [batch·rows], NULL for
+ * that identity) variance[variance_rows[b·rows + r]], e.g. Dion3's selected rows (entries
+ * distinct and valid: not checked on the device). keep as for the multi-tensor kernels, except
+ * that a skipped step still writes the factors (of the new variances, which it does not
+ * store), as the reference computes them; the update that uses them then writes nothing.
+ * fp32 arithmetic in the reference's order, hyperparameters rounded to fp32 once; the sums run
+ * in a fixed order (deterministic) that is not the reference's. Two launches, no allocation,
+ * no host synchronization (graph-capturable). batch or rows 0: nothing. */
+orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, int64_t cols, const void* u,
+                                       orthopt_dtype u_dtype, float* variance, const int64_t* variance_rows,
+                                       double beta2, double eps, float* factors, const uint8_t* keep,
+                                       cudaStream_t stream);
+/* Dion3's selection and error feedback (algorithms.md §5; orthopt's ATen reference:
+ * update_math.cpp, dion3_select, as the optimizer's banked path runs it) on `batch` momentum
+ * matrices M[b] [rows, cols] (contiguous, one after the other, `dtype`) and the k rows chosen in
+ * each (rows_idx: device int64 [batch·k], matrix b's at b·k.., each in [0, rows) and distinct
+ * within its matrix; not checked on the device):
+ *   selected[b·k + i, :] = M[b, rows_idx[b·k + i], :]    (the stored values; selected in dtype)
+ *   M[b, rows_idx[b·k + i], :] ← μ·(that row)            (one fp32 product, rounded to dtype)
+ *   flat[b·k + i] = b·rows + rows_idx[b·k + i]           (int64: the row in M's [batch·rows])
+ *   row_map[flat[b·k + i]] = b·k + i                     (int32, unless row_map is NULL: the
+ *      direction row of orthopt_multi_update_selected; other entries are not written, so fill
+ *      the map with -1 first)
+ * keep as for the multi-tensor kernels, except that a skipped step writes selected, flat and
+ * row_map (not M), as the reference computes them before its gated write. One launch (one
+ * warp per selected row), no allocation, no host synchronization. batch or k 0: nothing. */
+orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, void* momentum,
+                                       orthopt_dtype dtype, const int64_t* rows_idx, double mu, void* selected,
+                                       int64_t* flat, int32_t* row_map, const uint8_t* keep, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

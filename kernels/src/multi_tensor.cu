@@ -554,6 +554,124 @@ __global__ void __launch_bounds__(kThreads) lion_kernel(const __grid_constant__ 
   }
 }
 
+// ---- NorMuon's row factors of a bank (orthopt_normuon_factors), update_math.cpp:
+// normuon_row_factors, in two launches: the rows' sums of squares, one warp per row (as
+// momentum_rows_kernel: lanes in column order, then a fixed butterfly), written into the factor
+// buffer; then one block per matrix turns them into the new variances and the factors, with
+// the matrix's two sums over its rows taken in a fixed order. Deterministic.
+
+// Row r (of n_rows rows of cols elements) of u: out[r] = Σ_c u[r, c]² in fp32.
+__global__ void __launch_bounds__(kThreads) row_sumsq_kernel(const void* u, orthopt_dtype dt, int64_t n_rows,
+                                                            int64_t cols, float* out) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n_rows) return;
+  const int64_t start = row * cols, end = start + cols;
+  // Whole packs per row (cols % kVec == 0) keep every pack of every row aligned.
+  const bool vec = cols % kVec == 0 && vec_aligned(u, dt);
+  constexpr int64_t kWarpPacks = int64_t(32) * kVec;  // elements per pack round of the warp
+  float sum = 0.0f;
+  for (int64_t base = start + lane * kVec; base < end; base += kWarpPacks * kIlp) {
+    Pack x[kIlp];
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r) load_pack(u, base + r * kWarpPacks, end, dt, vec, x[r]);  // 0 past the end
+#pragma unroll
+    for (int r = 0; r < kIlp; ++r)
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) sum = __fadd_rn(sum, __fmul_rn(x[r][q], x[r][q]));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  if (lane == 0) out[row] = sum;
+}
+
+struct NorMuonArgs {
+  int64_t rows;
+  float beta2, grad_share, eps;  // β2, (1 − β2)/cols and eps, each rounded to fp32 once
+  float* variance;
+  const int64_t* variance_rows;  // NULL: row r of matrix b is variance[b·rows + r]
+  float* factors;                // in: the rows' sums of squares; out: the factors
+  const uint8_t* keep;
+};
+
+// Sum of v over the block (kThreads threads) in a fixed order: each warp's butterfly, then the
+// warps in order; every thread gets the total. `shared`: kThreads / 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total = __fadd_rn(total, shared[w]);
+  __syncthreads();  // shared may be reused
+  return total;
+}
+
+// Matrix blockIdx.x. The reference's operations, one rounding each: V·β2 + s·((1 − β2)/cols),
+// 1/(√V + ε), ‖U‖ = √Σ s, ‖Û‖ = √Σ s·inv², factor = inv · (‖U‖ / max(‖Û‖, 1e-8)) (a NaN norm stays
+// NaN, as clamp_min keeps it). Skipped step: the variances are not written; the factors are
+// still those of the new variances, as the reference computes them before its gated write.
+__global__ void __launch_bounds__(kThreads) normuon_factors_kernel(const NorMuonArgs a) {
+  __shared__ float partial[kThreads / 32];
+  const bool skip = skipped(a.keep);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * a.rows;
+  float* f = a.factors + first;
+  float sum_sq = 0.0f, sum_hat = 0.0f;
+  for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) {
+    const int64_t vi = a.variance_rows ? a.variance_rows[first + r] : first + r;
+    const float s = f[r];
+    const float v = __fadd_rn(__fmul_rn(a.variance[vi], a.beta2), __fmul_rn(s, a.grad_share));
+    if (!skip) a.variance[vi] = v;
+    const float inv = __frcp_rn(__fadd_rn(__fsqrt_rn(v), a.eps));
+    f[r] = inv;
+    sum_sq = __fadd_rn(sum_sq, s);
+    sum_hat = __fadd_rn(sum_hat, __fmul_rn(s, __fmul_rn(inv, inv)));
+  }
+  const float norm_u = __fsqrt_rn(block_sum(sum_sq, partial));
+  const float norm_hat = __fsqrt_rn(block_sum(sum_hat, partial));
+  const float ratio = __fdiv_rn(norm_u, norm_hat < 1e-8f ? 1e-8f : norm_hat);
+  for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) f[r] = __fmul_rn(f[r], ratio);
+}
+
+// ---- Dion3's selection (orthopt_dion3_take_rows): one warp per selected row copies it out of
+// the momentum, scales it there by μ (error feedback) and records where it went.
+
+struct Dion3TakeArgs {
+  int64_t rows, cols, k, n_sel;  // n_sel = batch·k
+  void* momentum;
+  orthopt_dtype dtype;  // of the momentum and the selection
+  const int64_t* rows_idx;
+  float mu;
+  void* selected;
+  int64_t* flat;
+  int32_t* row_map;  // NULL: none
+  const uint8_t* keep;
+};
+
+__global__ void __launch_bounds__(kThreads) dion3_take_rows_kernel(const Dion3TakeArgs a) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;  // selected row
+  if (i >= a.n_sel) return;
+  const bool skip = skipped(a.keep);
+  const int64_t src = (i / a.k) * a.rows + a.rows_idx[i];  // its row in [batch·rows]
+  if (lane == 0) {
+    a.flat[i] = src;
+    if (a.row_map) a.row_map[src] = static_cast<int32_t>(i);
+  }
+  const int64_t m0 = src * a.cols, m_end = m0 + a.cols, s0 = i * a.cols;
+  const bool vec = a.cols % kVec == 0 && vec_aligned(a.momentum, a.dtype) && vec_aligned(a.selected, a.dtype);
+  constexpr int64_t kWarpPacks = int64_t(32) * kVec;
+  for (int64_t c = lane * kVec; c < a.cols; c += kWarpPacks) {
+    Pack x;
+    load_pack(a.momentum, m0 + c, m_end, a.dtype, vec, x);
+    store_pack(a.selected, s0 + c, s0 + a.cols, a.dtype, vec, x);  // the stored values: exact
+    if (skip) continue;
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) x[q] = __fmul_rn(x[q], a.mu);
+    store_pack(a.momentum, m0 + c, m_end, a.dtype, vec, x);
+  }
+}
+
 static_assert(sizeof(Table<3>) <= kTableBytes && sizeof(Table<4>) <= kTableBytes && sizeof(Table<6>) <= kTableBytes,
               "tables must fit the kernel-argument budget");
 static_assert(sizeof(Table<6>) + sizeof(AdamWArgs) <= 4096 && sizeof(Table<4>) + sizeof(LionArgs) <= 4096 &&
@@ -836,4 +954,70 @@ extern "C" orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel
                              ORTHOPT_CUDA_TRY(cudaGetLastError());
                              return ORTHOPT_OK;
                            });
+}
+
+extern "C" orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, int64_t cols, const void* u,
+                                                  orthopt_dtype u_dtype, float* variance,
+                                                  const int64_t* variance_rows, double beta2, double eps,
+                                                  float* factors, const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_normuon_factors";
+  if (batch < 0 || rows < 0 || cols < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'batch', 'rows' and 'cols' must be >= 0, got %lld, %lld, %lld",
+                fn, (long long)batch, (long long)rows, (long long)cols);
+  if (batch == 0 || rows == 0) return ORTHOPT_OK;
+  if (cols == 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0 (a row of no elements has no norm)", fn);
+  if (batch > kMaxBlocks || rows > kMaxNumel / batch || cols > kMaxNumel / (batch * rows))
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld x %lld x %lld elements exceed one launch", fn, (long long)batch,
+                (long long)rows, (long long)cols);
+  if (!u || !variance || !factors)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'u', 'variance' and 'factors' must not be NULL", fn);
+  if (!valid_elementwise_dtype(u_dtype))
+    return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument 'u' must be fp32, bf16 or fp16, got %d", fn,
+                static_cast<int>(u_dtype));
+  const int64_t n_rows = batch * rows;
+  if (n_rows > kMaxBlocks * kRowsPerBlock)
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld rows exceed one launch", fn, (long long)n_rows);
+  row_sumsq_kernel<<<static_cast<unsigned>((n_rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
+      u, u_dtype, n_rows, cols, factors);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  const NorMuonArgs args{rows,          static_cast<float>(beta2), static_cast<float>((1.0 - beta2) / cols),
+                         static_cast<float>(eps), variance, variance_rows, factors, keep};
+  normuon_factors_kernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(args);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
+extern "C" orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, void* momentum,
+                                                  orthopt_dtype dtype, const int64_t* rows_idx, double mu,
+                                                  void* selected, int64_t* flat, int32_t* row_map,
+                                                  const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_dion3_take_rows";
+  if (batch < 0 || rows < 0 || cols < 0 || k < 0)
+    return fail(ORTHOPT_ERR_INVALID,
+                "%s: arguments 'batch', 'rows', 'cols' and 'k' must be >= 0, got %lld, %lld, %lld, %lld", fn,
+                (long long)batch, (long long)rows, (long long)cols, (long long)k);
+  if (batch == 0 || k == 0) return ORTHOPT_OK;
+  if (k > rows)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'k' = %lld exceeds 'rows' = %lld", fn, (long long)k,
+                (long long)rows);
+  if (cols == 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0", fn);
+  if (batch > kMaxBlocks || rows > kMaxNumel / batch || cols > kMaxNumel / (batch * rows))
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld x %lld x %lld elements exceed one launch", fn, (long long)batch,
+                (long long)rows, (long long)cols);
+  const int64_t n_sel = batch * k;
+  if (n_sel > int64_t(INT32_MAX))
+    return fail(ORTHOPT_ERR_INVALID, "%s: %lld selected rows exceed the int32 row map", fn, (long long)n_sel);
+  if (!momentum || !rows_idx || !selected || !flat)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'momentum', 'rows_idx', 'selected' and 'flat' must not be NULL",
+                fn);
+  if (!valid_elementwise_dtype(dtype))
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'dtype' must be fp32, bf16 or fp16, got %d", fn,
+                static_cast<int>(dtype));
+  const Dion3TakeArgs args{rows,     cols,     k,    n_sel, momentum, dtype, rows_idx, static_cast<float>(mu),
+                           selected, flat, row_map, keep};
+  dion3_take_rows_kernel<<<static_cast<unsigned>((n_sel + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+                           stream>>>(args);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
 }

@@ -266,6 +266,66 @@ void update_selected(const std::vector<at::Tensor>& weights, const std::vector<a
   bump_versions(param_copies);
 }
 
+at::Tensor normuon_factors(const at::Tensor& U, const at::Tensor& variance, const at::Tensor& variance_rows,
+                           double beta2, double eps, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::normuon_factors";
+  TORCH_CHECK(U.defined() && U.is_cuda() && U.dim() >= 2 && U.is_contiguous() && supported_dtype(U.scalar_type()) &&
+                  U.numel() > 0,
+              fn, ": argument 'U' must be a non-empty contiguous CUDA tensor of fp32, bf16 or fp16 matrices [..., rows, cols]");
+  const int64_t rows = U.size(-2), cols = U.size(-1), n_rows = U.numel() / cols;
+  TORCH_CHECK(variance.defined() && variance.is_cuda() && variance.device() == U.device() &&
+                  variance.scalar_type() == at::kFloat && variance.is_contiguous(),
+              fn, ": argument 'variance' must be a contiguous fp32 tensor on ", U.device());
+  const int64_t* rows_ptr = nullptr;
+  if (variance_rows.defined()) {
+    TORCH_CHECK(variance_rows.is_cuda() && variance_rows.device() == U.device() &&
+                    variance_rows.scalar_type() == at::kLong && variance_rows.is_contiguous() &&
+                    variance_rows.numel() == n_rows,
+                fn, ": argument 'variance_rows' must be a contiguous int64 tensor on ", U.device(), " with ", n_rows,
+                " entries (one per row of U), got ", variance_rows.numel(), " of ", variance_rows.scalar_type());
+    rows_ptr = variance_rows.data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(variance.numel() == n_rows, fn, ": argument 'variance' has ", variance.numel(), " entries, expected ",
+                n_rows, " (one per row of U)");
+  }
+  std::vector<int64_t> sizes = U.sizes().vec();
+  sizes.back() = 1;
+  at::Tensor factors = at::empty(sizes, U.options().dtype(at::kFloat));
+  const Launch launch(U.device(), keep, nullptr, fn);
+  check_status(orthopt_normuon_factors(n_rows / rows, rows, cols, U.data_ptr(), kernel_dtype(U.scalar_type()),
+                                       variance.data_ptr<float>(), rows_ptr, beta2, eps, factors.data_ptr<float>(),
+                                       launch.keep, launch.stream),
+               "orthopt_normuon_factors");
+  bump_versions({variance});
+  return factors;
+}
+
+Dion3Selection dion3_take_rows(const at::Tensor& M, const at::Tensor& rows_idx, double mu, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::dion3_take_rows";
+  TORCH_CHECK(M.defined() && M.is_cuda() && M.dim() == 3 && M.is_contiguous() && supported_dtype(M.scalar_type()) &&
+                  M.numel() > 0,
+              fn, ": argument 'M' must be a non-empty contiguous CUDA tensor [B, rows, cols] of fp32, bf16 or fp16");
+  const int64_t B = M.size(0), rows = M.size(1), cols = M.size(2);
+  TORCH_CHECK(rows_idx.defined() && rows_idx.is_cuda() && rows_idx.device() == M.device() &&
+                  rows_idx.scalar_type() == at::kLong && rows_idx.dim() == 2 && rows_idx.size(0) == B &&
+                  rows_idx.size(1) <= rows && rows_idx.is_contiguous(),
+              fn, ": argument 'rows_idx' must be a contiguous int64 tensor [", B, ", k <= ", rows, "] on ", M.device(),
+              ", got ", rows_idx.sizes(), " of ", rows_idx.scalar_type());
+  const int64_t k = rows_idx.size(1);
+  Dion3Selection out;
+  out.selected = at::empty({B, k, cols}, M.options());
+  out.flat = at::empty({B * k}, rows_idx.options());
+  out.row_map = at::full({B * rows}, -1, rows_idx.options().dtype(at::kInt));
+  const Launch launch(M.device(), keep, nullptr, fn);
+  check_status(orthopt_dion3_take_rows(B, rows, cols, k, M.data_ptr(), kernel_dtype(M.scalar_type()),
+                                       rows_idx.data_ptr<int64_t>(), mu, out.selected.data_ptr(),
+                                       out.flat.data_ptr<int64_t>(), out.row_map.data_ptr<int32_t>(), launch.keep,
+                                       launch.stream),
+               "orthopt_dion3_take_rows");
+  bump_versions({M});
+  return out;
+}
+
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
            const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,
            const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& param_copies, const at::Tensor& lr,

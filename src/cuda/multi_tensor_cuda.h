@@ -47,6 +47,24 @@ void update_selected(const std::vector<at::Tensor>& weights, const std::vector<a
                      const std::vector<double>& factors, const at::Tensor& lr, double weight_decay, bool cautious,
                      const at::Tensor& keep);
 
+// NorMuon's row factors (orthopt_normuon_factors) of the matrices U [..., rows, cols]
+// (contiguous CUDA, fp32/bf16/fp16), with their fp32 row variances updated in place unless
+// the step is skipped: `variance` holds one per row of U (contiguous), or, with
+// `variance_rows` (int64, one per row of U), row i's variance is variance.view(-1)[variance_rows[i]]
+// (Dion3's selected rows; entries distinct and valid, not checked on the device). Returns
+// the factors, fp32 [..., rows, 1]: Û = U · factors.
+at::Tensor normuon_factors(const at::Tensor& U, const at::Tensor& variance, const at::Tensor& variance_rows,
+                           double beta2, double eps, const at::Tensor& keep);
+// Dion3's selection from the momenta M [B, rows, cols] (contiguous CUDA, fp32/bf16/fp16) and
+// the chosen rows rows_idx [B, k] (int64, distinct per matrix; not checked on the device),
+// by orthopt_dion3_take_rows: returns the selection [B, k, cols] (M's dtype, the stored rows),
+// the rows' indices in [B·rows] (int64 [B·k]) and the int32 row map of update_selected
+// ([B·rows]: the selection row, or -1), and scales the chosen rows of M by mu unless the step
+// is skipped.
+struct Dion3Selection {
+  at::Tensor selected, flat, row_map;
+};
+Dion3Selection dion3_take_rows(const at::Tensor& M, const at::Tensor& rows_idx, double mu, const at::Tensor& keep);
 // AdamW moments, bias corrections from each tensor's 0-d fp32 step count (incremented), update.
 void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& exp_avgs,
            const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& steps,

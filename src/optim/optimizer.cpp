@@ -684,8 +684,8 @@ class OptimizerImpl {
 #endif
     const std::vector<Bank> bks = banks(g, idx);
     // Per bank: the selected rows [B, k], as indices into [B·rows] (flat_rows), and the selection
-    // [B, k, cols].
-    std::vector<at::Tensor> rows(bks.size()), flat(bks.size()), selected(bks.size());
+    // [B, k, cols]; with the take kernel also the update's row map.
+    std::vector<at::Tensor> rows(bks.size()), flat(bks.size()), selected(bks.size()), row_maps(bks.size());
     for (size_t bi = 0; bi < bks.size(); ++bi) {
       const Bank& b = bks[bi];
       // 1-3: accumulate, select the k rows of largest L1 norm, error feedback on them.
@@ -708,15 +708,20 @@ class OptimizerImpl {
           cuda::momentum_rows(momenta, grads, {}, row_scores, b.cols, 1.0, 1.0, /*nesterov=*/false,
                               cuda::RowStat::L1OfMomentum, keep_flag());
           rows[bi] = optim_detail::dion3_top_rows(scores, o.fraction);
-        } else
-#endif
-        {
-          for (size_t j = 0; j < b.params.size(); ++j) {
-            const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
-            b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
-          }
-          rows[bi] = optim_detail::dion3_rows(M, o.fraction);
+          // The gather, the error feedback and the row indices below (and the update's row
+          // map) in one launch: the same values (a copy, one fp32 product).
+          auto took = cuda::dion3_take_rows(M, rows[bi], o.momentum, keep_flag());
+          selected[bi] = took.selected;
+          flat[bi] = took.flat;
+          row_maps[bi] = took.row_map;
+          continue;
         }
+#endif
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const at::Tensor G = grads[j].reshape({-1, b.rows, b.cols});
+          b.slice(M, j).add_(skip_active ? at::where(keep, G, at::full({}, -0.0, G.options())) : G);
+        }
+        rows[bi] = optim_detail::dion3_rows(M, o.fraction);
         flat[bi] = optim_detail::flat_rows(rows[bi], b.rows);
         selected[bi] = optim_detail::take_rows(M, flat[bi]).view({b.size(), rows[bi].size(-1), b.cols});
         optim_detail::put_rows_(M, flat[bi], gated(selected[bi] * o.momentum, selected[bi]));
@@ -739,25 +744,30 @@ class OptimizerImpl {
         detail::orthogonalize_many_in_compute_dtype(selected, batch_ortho_options(o.ortho));
     for (size_t bi = 0; bi < bks.size(); ++bi) {
       const Bank& b = bks[bi];
-      // 5: NorMuon on the selected rows, of the NS result in the selection's dtype (what
-      // orthogonalize() returns).
-      const at::Tensor U = detail::cast_result(ns[bi], selected[bi].scalar_type());
-      const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
-      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[bi]).view({b.size(), rows[bi].size(-1), 1});
-      auto [U_hat, V_sel_new] =
-          optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
-      optim_detail::put_rows_(V, flat[bi], gated(V_sel_new.to(at::kFloat), V_sel_old));
-      // 6-7: decay everywhere, the step on the selected rows.
+      // 5: NorMuon on the selected rows (their variances updated in place in V); 6-7: decay
+      // everywhere, the step on the selected rows.
+      const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // the variance is fp32
       const double factor = dion3_lr_factor(o, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {
+        // NorMuon by its kernels, the selected rows' variances read and written through flat
+        // (no gather and scatter of V), on the NS result in its compute dtype: the reference's
+        // cast to the fp32 selection widens bf16/fp16 exactly, and U · factors promotes to the
+        // same fp32 products, so Û is the reference's up to the order of the sums.
+        at::Tensor U = ns[bi];
+        if (U.scalar_type() == at::kDouble) U = detail::cast_result(U, selected[bi].scalar_type());
+        U = cuda::contiguous(U);
+        const at::Tensor U_hat =
+            U * cuda::normuon_factors(U, V, flat[bi], o.normuon_beta2, o.normuon_eps, keep_flag());
         // The update with a direction that is zero outside the selection, without that
         // full-size direction: the kernel reads Û's row where the row map points to one, D = 0
         // elsewhere; the same arithmetic as the zero-padded update, one pass over the weights.
         const at::Tensor D = U_hat.contiguous().view({-1, b.cols});                 // [B·k, cols]
         const at::Tensor map =
-            at::full({b.size() * b.rows}, -1, rows[bi].options().dtype(at::kInt))
-                .index_copy_(0, flat[bi], at::arange(flat[bi].numel(), rows[bi].options().dtype(at::kInt)));
+            row_maps[bi].defined()
+                ? row_maps[bi]
+                : at::full({b.size() * b.rows}, -1, rows[bi].options().dtype(at::kInt))
+                      .index_copy_(0, flat[bi], at::arange(flat[bi].numel(), rows[bi].options().dtype(at::kInt)));
         std::vector<at::Tensor> weights, copies, directions, maps;
         for (size_t j = 0; j < b.params.size(); ++j) {
           add_weights(g, b.params[j], weights, copies);
@@ -769,6 +779,11 @@ class OptimizerImpl {
         continue;
       }
 #endif
+      // NorMuon of the NS result in the selection's dtype (what orthogonalize() returns).
+      const at::Tensor U = detail::cast_result(ns[bi], selected[bi].scalar_type());
+      const at::Tensor V_sel_old = optim_detail::take_rows(V, flat[bi]).view({b.size(), rows[bi].size(-1), 1});
+      auto [U_hat, V_sel_new] = optim_detail::normuon_normalize(U, V_sel_old, o.normuon_beta2, o.normuon_eps);
+      optim_detail::put_rows_(V, flat[bi], gated(V_sel_new.to(at::kFloat), V_sel_old));
       std::vector<at::Tensor> storage;
       for (size_t i : b.params) storage.push_back(weight_storage(g, i));
       const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
@@ -968,7 +983,9 @@ class OptimizerImpl {
         // reductions and returns fp32): no fp32 copy of the NS result first.
         if (direct || row_scaled) {
           res = cuda::contiguous(U);
-          if (row_scaled) bank_factors[k] = normuon_bank_factors(g, b, res);
+          if (row_scaled)  // normuon_bank_factors() in two kernel launches
+            bank_factors[k] = cuda::normuon_factors(res, owned_bank(g, b, "variance", 1, at::kFloat), {},
+                                                    o.normuon_beta2, o.normuon_eps, keep_flag());
         } else {
           res = normuon_bank(g, b, U).contiguous();
         }

@@ -1,7 +1,7 @@
 // Correctness of the CUDA kernel library against float64 references computed on the host,
 // on random inputs, with outputs poisoned (NaN) before every call so that an unwritten element
 // fails. Covers the products (orthopt_sym_abt, orthopt_gemm), the multi-tensor elementwise
-// kernels of the optimizer step (orthopt_multi_*) and the scaled cast/transpose of the
+// kernels of the optimizer step (orthopt_multi_*, orthopt_normuon_factors, orthopt_dion3_take_rows) and the scaled cast/transpose of the
 // Newton–Schulz input (orthopt_scale_cast, bit-exact against a host emulation). Needs a GPU;
 // exits 77 (skip) without one.
 // `--quick` keeps sizes small for compute-sanitizer (memcheck / racecheck), see tests/gpu/run.sh.
@@ -842,6 +842,172 @@ void check_graph_capture(std::mt19937& rng) {
               ok ? "ok  " : "FAIL", numel.size());
 }
 
+// orthopt_normuon_factors against an fp64 reference of update_math.cpp's normuon_row_factors,
+// computed from the stored inputs. U: `batch` matrices [rows, cols] in dt, one tensor of a List
+// (odd offset: the row kernel's element path; aligned: its vector path where cols % 4 == 0). V:
+// fp32 with `extra` rows more than the matrices have; with `selected`, the rows of the matrices
+// take a random set of distinct V rows (variance_rows, Dion3), and every other V row must keep
+// its bytes. The factors are poisoned. Skipped step: V bit-identical, the factors still those of
+// the new variances.
+// Tolerances, relative (u = 2^-24, every quantity positive): a row's fp32 sum of cols rounded
+// squares errs by at most (cols + 1)·u; the new variance adds 3 roundings, 1/(√V + ε) halves the
+// variance's error and adds 3; each sum over the rows adds (rows + 1)·u, the ratio of the two
+// norms halves those and adds 3, the factor adds 1: in all below (2·cols + rows + 20)·u, taken
+// twice for room; the variance (cols + 5)·u, twice.
+void check_normuon_factors(int64_t batch, int64_t rows, int64_t cols, orthopt_dtype dt, bool selected, int64_t extra,
+                           int keep_mode, std::mt19937& rng) {
+  const double beta2 = 0.95, eps = 1e-8;
+  const bool skip = keep_mode == 2;
+  const int64_t n = batch * rows, v_rows = n + extra;
+  List U(dt, {n * cols}), V(ORTHOPT_FP32, {v_rows}), F(ORTHOPT_FP32, {n});
+  U.fill(rng, 0.05);
+  V.fill(rng, 1e-3, /*positive=*/true);
+  if (v_rows > 1) V.set(V.offset[0] + 1, 0.0);  // a zero variance (first step) among them
+  std::vector<int64_t> map(n);
+  for (int64_t i = 0; i < n; ++i) map[i] = i;
+  if (selected) {
+    std::vector<int64_t> all(v_rows);
+    for (int64_t i = 0; i < v_rows; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + n, map.begin());
+  }
+  int64_t* map_dev = nullptr;
+  if (selected) {
+    CHECK_CUDA(cudaMalloc(&map_dev, n * sizeof(int64_t)));
+    CHECK_CUDA(cudaMemcpy(map_dev, map.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice));
+  }
+  U.upload();
+  V.upload();
+  F.poison();
+  const auto U0 = U.bytes, V0 = V.bytes, F0 = F.bytes;
+  const Keep keep(keep_mode);
+  float* v_ptr = static_cast<float*>(V.ptrs()[0]);
+  const orthopt_status st = orthopt_normuon_factors(batch, rows, cols, U.ptrs()[0], dt, v_ptr, map_dev, beta2, eps,
+                                                    static_cast<float*>(F.ptrs()[0]), keep.ptr(), nullptr);
+  cudaFree(map_dev);
+  if (call_failed(st, "normuon_factors")) return;
+  U.download();
+  V.download();
+  F.download();
+  Worst worst;
+  std::vector<bool> touched(v_rows, false);
+  const double u = kU32;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> s(rows), inv(rows);
+    double sum_sq = 0, sum_hat = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = b * rows + r;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double x = decode(U0, dt, U.offset[0] + row * cols + c);
+        s[r] += x * x;
+      }
+      const int64_t vi = V.offset[0] + map[row];
+      const double v_new = decode(V0, ORTHOPT_FP32, vi) * beta2 + s[r] * ((1.0 - beta2) / cols);
+      inv[r] = 1.0 / (std::sqrt(v_new) + eps);
+      sum_sq += s[r];
+      sum_hat += s[r] * inv[r] * inv[r];
+      touched[map[row]] = true;
+      if (!skip) worst.add(V.get(vi), v_new, 2 * (cols + 5) * u * v_new + 1e-30);
+    }
+    const double ratio = std::sqrt(sum_sq) / std::max(std::sqrt(sum_hat), 1e-8);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double ref = inv[r] * ratio;
+      worst.add(F.get(F.offset[0] + b * rows + r), ref, 2 * (2 * cols + rows + 20) * u * ref + 1e-30);
+    }
+  }
+  // V rows outside the selection, and all of V on a skipped step, keep their bytes.
+  bool v_kept = true;
+  for (int64_t i = 0; i < v_rows; ++i)
+    if (skip || !touched[i]) v_kept = v_kept && std::memcmp(V.bytes.data() + (V.offset[0] + i) * 4,
+                                                            V0.data() + (V.offset[0] + i) * 4, 4) == 0;
+  const bool gaps = U.bytes == U0 && V.gaps_unchanged(V0) && F.gaps_unchanged(F0) && v_kept;
+  const std::string config = dts({{"U", dt}}) + "batch=" + std::to_string(batch) + " rows=" + std::to_string(rows) +
+                             " cols=" + std::to_string(cols) + (selected ? " selected" : "") + " " +
+                             keep_name(keep_mode);
+  report(worst.value <= 1.0 && gaps, "normuon", config, {n * cols}, worst.value, gaps);
+}
+
+// orthopt_dion3_take_rows, bit for bit: the selection is a copy of the stored rows, the error
+// feedback one fp32 product rounded to the momentum's dtype (emulated on the host: the product
+// of two fp32 values in double is exact, then rounded to fp32 and to dt), flat and the row map
+// are integers. M: `batch` matrices of one List tensor (odd offset, or aligned: the vector path
+// where cols % 4 == 0); unselected rows of M, the map's unselected entries (pre-filled -1) and
+// all of M on a skipped step keep their bytes; the selection is poisoned before the call.
+void check_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, orthopt_dtype dt, bool map,
+                           int keep_mode, std::mt19937& rng) {
+  const double mu = 0.95;
+  const bool skip = keep_mode == 2;
+  const int64_t n_sel = batch * k;
+  List M(dt, {batch * rows * cols}), S(dt, {n_sel * cols});
+  M.fill(rng, 1.0);
+  std::vector<int64_t> idx(n_sel);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> perm(rows);
+    for (int64_t r = 0; r < rows; ++r) perm[r] = r;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy(perm.begin(), perm.begin() + k, idx.begin() + b * k);
+  }
+  int64_t *idx_dev = nullptr, *flat_dev = nullptr;
+  int32_t* map_dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&idx_dev, n_sel * 8));
+  CHECK_CUDA(cudaMalloc(&flat_dev, n_sel * 8));
+  CHECK_CUDA(cudaMalloc(&map_dev, batch * rows * 4));
+  CHECK_CUDA(cudaMemcpy(idx_dev, idx.data(), n_sel * 8, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(flat_dev, 0xFF, n_sel * 8));
+  CHECK_CUDA(cudaMemset(map_dev, 0xFF, batch * rows * 4));  // -1
+  M.upload();
+  S.poison();
+  const auto M0 = M.bytes, S0 = S.bytes;
+  const Keep keep(keep_mode);
+  const orthopt_status st = orthopt_dion3_take_rows(batch, rows, cols, k, M.ptrs()[0], dt, idx_dev, mu, S.ptrs()[0],
+                                                    flat_dev, map ? map_dev : nullptr, keep.ptr(), nullptr);
+  std::vector<int64_t> flat(n_sel);
+  std::vector<int32_t> row_map(batch * rows);
+  const bool failed = call_failed(st, "dion3_take_rows");
+  if (!failed) {
+    CHECK_CUDA(cudaMemcpy(flat.data(), flat_dev, n_sel * 8, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(row_map.data(), map_dev, batch * rows * 4, cudaMemcpyDeviceToHost));
+  }
+  cudaFree(idx_dev);
+  cudaFree(flat_dev);
+  cudaFree(map_dev);
+  if (failed) return;
+  M.download();
+  S.download();
+  const float mu32 = static_cast<float>(mu);
+  int64_t bad = 0;
+  std::vector<int32_t> map_ref(batch * rows, -1);
+  std::vector<bool> chosen(batch * rows, false);
+  for (int64_t i = 0; i < n_sel; ++i) {
+    const int64_t src = (i / k) * rows + idx[i];
+    chosen[src] = true;
+    map_ref[src] = static_cast<int32_t>(i);
+    bad += flat[i] != src;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t e = M.offset[0] + src * cols + c;
+      const double x = decode(M0, dt, e);
+      bad += std::memcmp(S.bytes.data() + (S.offset[0] + i * cols + c) * esize(dt), M0.data() + e * esize(dt),
+                         esize(dt)) != 0;
+      const float prod = static_cast<float>(static_cast<double>(static_cast<float>(x)) * mu32);  // exact, then fp32
+      std::vector<unsigned char> want(esize(dt));
+      encode(want, dt, 0, skip ? static_cast<float>(x) : prod);
+      bad += std::memcmp(M.bytes.data() + e * esize(dt), want.data(), esize(dt)) != 0;
+    }
+  }
+  for (int64_t r = 0; r < batch * rows; ++r) {
+    if (map) bad += row_map[r] != map_ref[r];
+    else bad += row_map[r] != -1;  // no map: untouched
+    if (!chosen[r])
+      bad += std::memcmp(M.bytes.data() + (M.offset[0] + r * cols) * esize(dt),
+                         M0.data() + (M.offset[0] + r * cols) * esize(dt), cols * esize(dt)) != 0;
+  }
+  const bool gaps = M.gaps_unchanged(M0) && S.gaps_unchanged(S0);
+  const std::string config = dts({{"M", dt}}) + "batch=" + std::to_string(batch) + " rows=" + std::to_string(rows) +
+                             " cols=" + std::to_string(cols) + " k=" + std::to_string(k) + (map ? " map " : " ") +
+                             keep_name(keep_mode);
+  report(bad == 0 && gaps, "take", config, {batch * rows * cols}, static_cast<double>(bad), gaps);
+}
+
 void check_multi_errors() {
   const int64_t numel[2] = {3, 4};
   void* p = nullptr;
@@ -880,10 +1046,28 @@ void check_multi_errors() {
   st = orthopt_multi_update_selected(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, maps, 3, nullptr, ORTHOPT_FP32,
                                      nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
   ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");  // 4 is not whole rows of 3
+  float* fp = static_cast<float*>(p);
+  st = orthopt_normuon_factors(2, 3, 0, p, ORTHOPT_BF16, fp, nullptr, 0.95, 1e-8, fp, nullptr, nullptr);
+  bool ok7 = st == ORTHOPT_ERR_INVALID && has("'cols'");
+  st = orthopt_normuon_factors(2, 3, 4, p, ORTHOPT_BF16, nullptr, nullptr, 0.95, 1e-8, fp, nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'variance'");
+  st = orthopt_normuon_factors(1, 2, 4, p, static_cast<orthopt_dtype>(9), fp, nullptr, 0.95, 1e-8, fp, nullptr,
+                               nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'u'") && has("fp32, bf16 or fp16");
+  st = orthopt_normuon_factors(0, 3, 4, nullptr, ORTHOPT_BF16, nullptr, nullptr, 0.95, 1e-8, nullptr, nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_OK;  // no matrices: a no-op
+  const int64_t* ip = static_cast<const int64_t*>(p);
+  st = orthopt_dion3_take_rows(2, 3, 4, 5, p, ORTHOPT_FP32, ip, 0.9, p, static_cast<int64_t*>(p), nullptr, nullptr,
+                               nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'k'") && has("'rows'");
+  st = orthopt_dion3_take_rows(2, 3, 4, 1, p, ORTHOPT_FP32, nullptr, 0.9, p, static_cast<int64_t*>(p), nullptr,
+                               nullptr, nullptr);
+  ok7 = ok7 && st == ORTHOPT_ERR_INVALID && has("'rows_idx'");
   cudaFree(p);
-  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7;
   if (!ok) ++g_failures;
-  std::printf("%s multi argument errors (%d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6);
+  std::printf("%s multi argument errors (%d %d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6,
+              ok7);
 }
 
 void check_multi(bool quick, std::mt19937& rng) {
@@ -928,6 +1112,25 @@ void check_multi(bool quick, std::mt19937& rng) {
       check_update_rows(cols, B16, F32, false, F32, false, 0, rng);
     }
     check_update_rows(768, F32, B16, true, B16, false, 2, rng);  // skip: nothing written
+    // NorMuon's row factors: GPT-2-like and ragged shapes, Dion3's selected variance rows, more
+    // rows than a block has threads (the strided loops), a skipped step.
+    for (orthopt_dtype dt : {F32, B16, F16}) {
+      check_normuon_factors(3, 40, 120, dt, false, 0, 0, rng);
+      check_normuon_factors(2, 7, 1, dt, true, 5, 1, rng);
+      check_normuon_factors(4, 192, 768, dt, true, 300, 1, rng);
+      check_normuon_factors(1, 300, 2051, dt, false, 0, 0, rng);
+    }
+    check_normuon_factors(2, 1000, 64, B16, false, 0, 1, rng);
+    check_normuon_factors(3, 96, 768, B16, true, 40, 2, rng);  // skip: V unchanged
+    check_normuon_factors(2, 96, 768, F32, false, 0, 2, rng);
+    // Dion3's selection: one row, ragged and GPT-2-like shapes, all rows selected, no map, skip.
+    for (orthopt_dtype dt : {F32, B16, F16}) {
+      check_dion3_take_rows(1, 5, 1, 1, dt, true, 0, rng);
+      check_dion3_take_rows(3, 40, 7, 10, dt, true, 1, rng);
+      check_dion3_take_rows(12, 768, 768, 192, dt, true, 1, rng);
+      check_dion3_take_rows(2, 33, 2051, 33, dt, false, 0, rng);
+    }
+    check_dion3_take_rows(4, 300, 128, 75, F32, true, 2, rng);  // skip: M unchanged, the rest written
   }
   g_aligned_lists = false;
   constexpr orthopt_row_stat L1 = ORTHOPT_ROW_L1_MOMENTUM, SQ = ORTHOPT_ROW_SUMSQ_OUT;

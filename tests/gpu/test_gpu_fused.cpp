@@ -34,6 +34,7 @@
 
 #include "cuda/multi_tensor_cuda.h"
 #include "gpu_test_util.h"
+#include "optim/update_math.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 
@@ -273,8 +274,9 @@ void run_fused_vs_reference(bool fp32_ns, double ns_rel, const char* label) {
 
 // NS-dependent tensors get 1e-4 of their movement here: the fused run orthogonalizes and
 // NorMuon-normalizes per bank (a [40,120] param stacked with a [2,40,120] one: batch 3), the
-// reference per shape (batches of 1 and 2), and cuBLAS and ATen's reductions pick kernels and
-// summation orders by size, so the fp32 results differ by rounding (≈1e-7 per operation, grown
+// reference per shape (batches of 1 and 2), cuBLAS and ATen's reductions pick kernels and
+// summation orders by size, and NorMuon's factors come from orthopt_normuon_factors (its own
+// fixed summation order; twelfth session), so the fp32 results differ by rounding (≈1e-7 per operation, grown
 // by five NS iterations and NorMuon's division by the row RMS). Measured on an H200: 1.9e-5 of
 // the movement (a NorMuon param, step 0). Everything that does not depend on NS keeps 1e-5.
 TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) { run_fused_vs_reference(/*fp32_ns=*/true, 1e-4, "fp32 NS"); }
@@ -375,6 +377,87 @@ TEST_F(GpuFused, Fp64GroupsKeepTheReferencePath) {
     b.step();
   }
   EXPECT_EQ(first_mismatch(a, b), "");
+}
+
+// The two bank kernels against the optimizer's own ATen reference on the same device, on random
+// inputs. NorMuon's factors (orthopt_normuon_factors) sum in another order than ATen's
+// reductions: the bound 2(2·cols + rows + 20)·2^-24 relative is the one kernel_check justifies
+// for the fp32 sums (the row's squares, the two sums over rows); measured differences are far
+// smaller. Dion3's take kernel copies and does one fp32 product per element: bit for bit.
+TEST_F(GpuFused, NormuonFactorsMatchTheReferenceFormula) {
+  namespace od = orthopt::optim_detail;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(7);
+  const double beta2 = 0.95, eps = 1e-8;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const int64_t B = 5, rows = 192, cols = 768, total_rows = 300;
+    const double bound = 2.0 * (2 * cols + rows + 20) / 16777216.0;
+    const at::Tensor U = (at::randn({B, rows, cols}, cuda) * 0.05).to(dt);
+    // Every row's variance (NorMuon's bank).
+    const at::Tensor V0 = at::rand({B, rows, 1}, cuda) * 1e-3;
+    at::Tensor V = V0.clone();
+    const at::Tensor f = orthopt::cuda::normuon_factors(U, V, {}, beta2, eps, at::Tensor());
+    auto [f_ref, V_ref] = od::normuon_row_factors(U, V0, beta2, eps);
+    EXPECT_LT(((f - f_ref).abs() / f_ref).max().item<double>(), bound) << dt;
+    EXPECT_LT(((V - V_ref).abs() / V_ref).max().item<double>(), bound) << dt;
+    // Selected rows' variances (Dion3): rows 0..total_rows of each matrix's bank, k = rows taken.
+    const at::Tensor Vb0 = at::rand({B, total_rows, 1}, cuda) * 1e-3;
+    at::Tensor Vb = Vb0.clone();
+    std::vector<at::Tensor> per_matrix;
+    for (int64_t b = 0; b < B; ++b) per_matrix.push_back(at::randperm(total_rows, cuda.dtype(at::kLong)).narrow(0, 0, rows));
+    const at::Tensor picked = at::stack(per_matrix, 0);
+    const at::Tensor flat = od::flat_rows(picked, total_rows);
+    const at::Tensor fs = orthopt::cuda::normuon_factors(U, Vb, flat, beta2, eps, at::Tensor());
+    const at::Tensor V_sel = od::take_rows(Vb0, flat).view({B, rows, 1});
+    auto [fs_ref, V_sel_ref] = od::normuon_row_factors(U, V_sel, beta2, eps);
+    at::Tensor Vb_ref = Vb0.clone();
+    od::put_rows_(Vb_ref, flat, V_sel_ref);
+    EXPECT_LT(((fs - fs_ref).abs() / fs_ref).max().item<double>(), bound) << dt;
+    EXPECT_LT(((Vb - Vb_ref).abs() / Vb_ref).max().item<double>(), bound) << dt;  // untouched rows: 0
+    // Skipped step: the variances keep their bits, the factors are still computed.
+    at::Tensor Vs = Vb0.clone();
+    const at::Tensor fk = orthopt::cuda::normuon_factors(U, Vs, flat, beta2, eps, at::zeros({}, cuda.dtype(at::kBool)));
+    EXPECT_TRUE(at::equal(Vs, Vb0)) << dt;
+    EXPECT_TRUE(at::equal(fk, fs)) << dt;
+  }
+}
+
+TEST_F(GpuFused, Dion3TakeRowsMatchesTheReferenceBitForBit) {
+  namespace od = orthopt::optim_detail;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(11);
+  const double mu = 0.95;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    for (int64_t cols : {768, 7}) {
+      const int64_t B = 4, rows = 96, k = 24;
+      const at::Tensor M0 = at::randn({B, rows, cols}, cuda).to(dt);
+      const at::Tensor scores = at::rand({B, rows}, cuda);
+      const at::Tensor picked = od::dion3_top_rows(scores, static_cast<double>(k) / rows);
+      ASSERT_EQ(picked.size(1), k);
+      at::Tensor M = M0.clone();
+      const auto took = orthopt::cuda::dion3_take_rows(M, picked, mu, at::Tensor());
+      const at::Tensor flat = od::flat_rows(picked, rows);
+      at::Tensor M_ref = M0.clone();
+      const at::Tensor sel_ref = od::take_rows(M_ref, flat).view({B, k, cols});
+      od::put_rows_(M_ref, flat, sel_ref * mu);
+      EXPECT_TRUE(at::equal(took.selected, sel_ref)) << dt << " cols " << cols;
+      EXPECT_TRUE(at::equal(took.flat, flat)) << dt << " cols " << cols;
+      EXPECT_TRUE(at::equal(M, M_ref)) << dt << " cols " << cols;
+      const at::Tensor map_ref = at::full({B * rows}, -1, cuda.dtype(at::kInt))
+                                     .index_copy_(0, flat, at::arange(B * k, cuda.dtype(at::kInt)));
+      EXPECT_TRUE(at::equal(took.row_map, map_ref)) << dt << " cols " << cols;
+      // Skipped: M keeps its bits; the selection, the indices and the map are written.
+      at::Tensor Ms = M0.clone();
+      const auto skipped = orthopt::cuda::dion3_take_rows(Ms, picked, mu, at::zeros({}, cuda.dtype(at::kBool)));
+      EXPECT_TRUE(at::equal(Ms, M0)) << dt << " cols " << cols;
+      EXPECT_TRUE(at::equal(skipped.selected, sel_ref)) << dt << " cols " << cols;
+    }
+  }
+  const at::Tensor M = at::ones({2, 8, 4}, cuda);
+  std::string err = error_of([&] { orthopt::cuda::dion3_take_rows(M, at::zeros({2, 3}, cuda.dtype(at::kInt)), 0.9, {}); });
+  EXPECT_NE(err.find("'rows_idx'"), std::string::npos) << err;
+  err = error_of([&] { orthopt::cuda::normuon_factors(M, at::ones({5}, cuda), {}, 0.95, 1e-8, {}); });
+  EXPECT_NE(err.find("'variance'"), std::string::npos) << err;
 }
 
 TEST_F(GpuFused, PredicateAndArgumentErrors) {
