@@ -411,11 +411,6 @@ __device__ __forceinline__ PairOf<T> pair_from_bits(uint32_t b) {
 // swizzle: 16-byte chunk j of row r sits at chunk j ^ (r % 8)), one box after the other; the
 // pair at (r, c), c even. The ping-pong kernels' 128×128 tiles are two boxes of 128 rows.
 constexpr size_t kCTileBytes = size_t(kBM) * kBM * 2;
-template <int BoxRows = kBM>
-__device__ __forceinline__ int c_tile_offset(int r, int c) {
-  const int box = c >> 6, cc = c & 63;
-  return box * (BoxRows * 128) + r * 128 + ((((cc >> 3) ^ (r & 7)) << 4) | ((cc & 7) * 2));
-}
 template <typename T, int BoxRows = kBM>
 __device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r, int c) {
   return *reinterpret_cast<const PairOf<T>*>(cs + c_tile_offset<BoxRows>(r, c));
@@ -544,21 +539,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* p, const uint32_t (&r)[4
 // is rounded and stored back in place into `in` (the same blocks this warp read: no other warp
 // touches them) and transposed into `mirror` at rows 8·(2·jj + dj), columns h0 + 16·warp +
 // 8·half (stmatrix .trans). Offsets in the staged layout (c_tile_offset) are a per-lane part
-// plus constants: lane L gives row L % 8 of matrix L / 8.
+// plus constants (tma_stage_lane, sym_tiles.h): lane L gives row L % 8 of matrix L / 8.
 template <typename T>
 __device__ __forceinline__ void stage_half_tma_blocks(const float (&acc)[64], int h0, unsigned char* in,
                                                       unsigned char* mirror, bool with_c, float alpha, float beta) {
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-  const int lr = lane & 7, lk = lane >> 3, dj = lk >> 1, lhalf = lk & 1;
-  // In place, row h0 + 16·warp + 8·lhalf + lr, column block j = 2·jj + dj: box j / 8, chunk
-  // (j % 8) XOR (row % 8) = ((2·jj % 8) XOR dj XOR lr).
-  const int in_base = (h0 + 16 * warp + 8 * lhalf + lr) * 128, in_chunk = (dj ^ lr) << 4;
-  // Mirror, row 8·j + lr, column block (h0 + 16·warp + 8·lhalf) / 8: box h0 / 64, chunk
-  // (2·warp + lhalf) XOR lr.
-  const int mirror_base = (h0 >> 6) * 16384 + (8 * dj + lr) * 128 + (((2 * warp + lhalf) ^ lr) << 4);
+  const TmaStageLane l = tma_stage_lane(h0, (threadIdx.x / 32) & 3, threadIdx.x & 31);
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
-    const int in_off = in_base + ((2 * jj) >> 3) * 16384 + ((((2 * jj) & 7) << 4) ^ in_chunk);
+    const int in_off = tma_in_offset(l, jj);
     uint32_t c[4] = {0, 0, 0, 0};
     if (with_c) ldmatrix_x4(c, in + in_off);
     uint32_t packed[4];
@@ -576,7 +564,7 @@ __device__ __forceinline__ void stage_half_tma_blocks(const float (&acc)[64], in
       packed[k] = pair_bits(out);
     }
     stmatrix_x4(in + in_off, packed);
-    stmatrix_x4_trans(mirror + mirror_base + jj * 2048, packed);
+    stmatrix_x4_trans(mirror + tma_mirror_offset(l, jj), packed);
   }
 }
 
