@@ -35,7 +35,8 @@
 // reads, and 1.2-1.55x slower (bench/results/2026-12-01-h200-wide.md), so shared-memory reads
 // are not it either. A sixth (ORTHOPT_SYM_WGMMA_PINGPONG_TMA, twelfth session, not yet run on a
 // GPU) is ping-pong with its epilogue staged in shared memory by stmatrix and written by TMA
-// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring.
+// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring; a seventh
+// (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) does it through one buffer and keeps 4 stages.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
