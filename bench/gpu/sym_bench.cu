@@ -79,8 +79,8 @@ struct Shape { int64_t batch, m, k; };
 // kernel's time its stores cost, and how far the main loop alone is from cuBLAS's rate.
 int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
   std::printf("| batch×m×k | dense cuBLAS ms | pingpong | pp in-place only | pp no stores | coop | coop in-place only "
-              "| coop no stores | pp TMA-store epilogue | pp no stores / dense·½ | coop no stores / dense·½ |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "| coop no stores | pp TMA-store epilogue | pp TMA 1 buffer | pp no stores / dense·½ | coop no stores / dense·½ |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     __nv_bfloat16 *A, *D;
     const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
@@ -101,16 +101,21 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
       };
     };
     constexpr orthopt_sym_path PP = ORTHOPT_SYM_WGMMA_PINGPONG, CO = ORTHOPT_SYM_WGMMA_COOP;
-    auto tma = [&] {
-      CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
-                         D, s.m * s.m, ORTHOPT_SYM_WGMMA_PINGPONG_TMA, nullptr));
+    auto tma = [&](orthopt_sym_path p) {
+      return [&, p] {
+        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
+                           D, s.m * s.m, p, nullptr));
+      };
     };
-    const std::vector<double> t = interleaved_median_ms(
-        {dense, probe(PP, 0), probe(PP, 1), probe(PP, 2), probe(CO, 0), probe(CO, 1), probe(CO, 2), tma}, 3, repeats);
+    const std::vector<double> t = interleaved_median_ms({dense, probe(PP, 0), probe(PP, 1), probe(PP, 2), probe(CO, 0),
+                                                         probe(CO, 1), probe(CO, 2),
+                                                         tma(ORTHOPT_SYM_WGMMA_PINGPONG_TMA),
+                                                         tma(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF)},
+                                                        3, repeats);
     // The lower-triangle kernels do about half the dense product's work (a little more: the
     // diagonal tiles), so dense·½ is where they would be at cuBLAS's rate.
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
                 t[3] / (0.5 * t[0]), t[6] / (0.5 * t[0]));
     cudaFree(A);
     cudaFree(D);
@@ -138,8 +143,8 @@ int main(int argc, char** argv) {
   // SYM_BENCH_EPILOGUE=1: only the epilogue probe (what the persistent kernels' stores cost).
   if (const char* probe = std::getenv("SYM_BENCH_EPILOGUE"); probe && std::string(probe) == "1")
     return epilogue_probe(h, shapes, repeats);
-  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).
   const char* only = std::getenv("SYM_BENCH_SHAPE");
   if (only) shapes = {shapes.at(std::atoi(only))};
@@ -179,18 +184,19 @@ int main(int argc, char** argv) {
          path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_PINGPONG, true), path(ORTHOPT_SYM_WGMMA_COOP, true),
          path(ORTHOPT_SYM_DENSE), path(ORTHOPT_SYM_AUTO), path(ORTHOPT_SYM_WGMMA_PAIR),
          path(ORTHOPT_SYM_WGMMA_PAIR, true), path(ORTHOPT_SYM_WGMMA_WIDE), path(ORTHOPT_SYM_WGMMA_WIDE, true),
-         path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA, true)},
+         path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA, true),
+         path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, true)},
         3, repeats);
     const double t_dense = t[0], t512 = t[1], t1024 = t[2], tnat = t[3], twg = t[4], tpp = t[5], tco = t[6],
                  tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10], tpair = t[11], tpairc = t[12], twide = t[13],
-                 twidec = t[14], ttma = t[15], ttmac = t[16];
+                 twidec = t[14], ttma = t[15], ttmac = t[16], ttma1 = t[17], ttma1c = t[18];
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
     const char* ap_name = orthopt_k::sym_path_name(ap);
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
-                "| %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
+                "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,
-                tpair, tpairc, twide, twidec, ttma, ttmac, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9,
+                tpair, tpairc, twide, twidec, ttma, ttmac, ttma1, ttma1c, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
     cudaFree(A);
     cudaFree(C);

@@ -50,7 +50,10 @@ typedef enum {
                                 warpgroup's shared buffer and stored by TMA (whole 128-byte rows;
                                 the tile, then its transpose at the mirrored place), where D rows
                                 are 16-byte multiples and D (and C, if given) 16-byte aligned;
-                                PINGPONG's register epilogue elsewhere */
+                                PINGPONG's register epilogue elsewhere; a 3-stage ring */,
+  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF = 10 /* PINGPONG_TMA through one buffer per warpgroup (the
+                                tile, then, once stored, its transpose), keeping PINGPONG's
+                                4-stage ring */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

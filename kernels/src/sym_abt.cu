@@ -9,22 +9,23 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
-// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma) forces a path for AUTO (experiments, A/B timings).
+// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf) forces a path for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
     if (!v) return ORTHOPT_SYM_AUTO;
     for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
-                               ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA})
+                               ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
+                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF})
       if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();
   return p;
 }
 
-// ORTHOPT_SYM_PERSISTENT=coop|pair|wide|tma: AUTO takes the cooperative, pair or wide kernel, or
-// ping-pong with the TMA-store epilogue, wherever it
+// ORTHOPT_SYM_PERSISTENT=coop|pair|wide|tma|tma1: AUTO takes the cooperative, pair or wide
+// kernel, or ping-pong with the TMA-store epilogue (two buffers, or one), wherever it
 // would take the ping-pong kernel (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
@@ -33,6 +34,7 @@ orthopt_sym_path persistent_override() {
     if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
+    if (v && std::string_view(v) == "tma1") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
     return ORTHOPT_SYM_WGMMA_PINGPONG;
   }();
   return p;
@@ -54,6 +56,7 @@ const char* sym_path_name(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_PAIR: return "wgmma_pair";
     case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA: return "wgmma_pingpong_tma";
+    case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF: return "wgmma_pingpong_tma_1buf";
   }
   return "?";
 }
@@ -106,7 +109,8 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
-      path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA) {
+      path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA ||
+      path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

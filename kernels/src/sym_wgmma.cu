@@ -35,7 +35,8 @@
 // reads, and 1.2-1.55x slower (bench/results/2026-12-01-h200-wide.md), so shared-memory reads
 // are not it either. A sixth (ORTHOPT_SYM_WGMMA_PINGPONG_TMA, twelfth session, not yet run on a
 // GPU) is ping-pong with its epilogue staged in shared memory by stmatrix and written by TMA
-// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring.
+// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring; a seventh
+// (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) does it through one buffer and keeps 4 stages.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
@@ -580,8 +581,9 @@ __device__ __forceinline__ void stmatrix_x1_trans(void* p, uint32_t r) {
 // block's position is the same for the whole warp): α·acc + β·C + diag·I (C from `in`, when
 // with_c) rounded; a block below the diagonal goes into `mirror` in place and transposed at
 // the mirrored place, a block on it in place below the diagonal and transposed above it (one
-// block, combined in registers), a block above it nowhere (a mirror covers it). `in` is only
-// read: other warps still read their C from it, at the mirrored positions too.
+// block, combined in registers), a block above it nowhere (a mirror covers it). A warp reads C
+// only in its own blocks on or below the diagonal, and writes those and blocks wholly above
+// the diagonal, whose C nobody reads: so `in` and `mirror` may be the same buffer.
 template <typename T>
 __device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], int h0, const unsigned char* in,
                                                         unsigned char* mirror, bool with_c, float alpha, float beta,
@@ -658,6 +660,86 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc0)[64], const fl
     bulk_commit();
     bulk_wait_read();
   }
+}
+
+// ---- The one-buffer form (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF): the tile and then its mirror
+// through the same 32 KiB buffer per consumer warpgroup, which keeps the 4-stage ring. The
+// accumulators stay live until the mirror is staged (the consumers have 232 registers after
+// setmaxnreg, and ptxas allocates that region with them).
+
+// An off-diagonal half into `buf`, four 8×8 blocks per instruction (tma_stage_lane).
+// InPlace: its C read from `buf` (ldmatrix, the warp's own blocks), α·acc + β·C kept in the
+// accumulators and stored rounded in place; else the kept values stored as the mirror tile
+// (stmatrix .trans).
+template <typename T, bool InPlace>
+__device__ __forceinline__ void tma_stage_values(float (&acc)[64], int h0, unsigned char* buf, bool with_c,
+                                                 float alpha, float beta) {
+  const TmaStageLane l = tma_stage_lane(h0, (threadIdx.x / 32) & 3, threadIdx.x & 31);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t c[4] = {0, 0, 0, 0};
+    if (InPlace && with_c) ldmatrix_x4(c, buf + tma_in_offset(l, jj));
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 2 * jj + (k >> 1), half = k & 1;
+      const PairOf<T> cp = pair_from_bits<T>(c[k]);
+      PairOf<T> out;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float& a = acc[4 * j + 2 * half + q];
+        if (InPlace) {
+          a = alpha * a;
+          if (with_c) a += beta * Elem<T>::load(&cp.v[q]);
+        }
+        out.v[q] = Elem<T>::make(a);
+      }
+      packed[k] = pair_bits(out);
+    }
+    if constexpr (InPlace)
+      stmatrix_x4(buf + tma_in_offset(l, jj), packed);
+    else
+      stmatrix_x4_trans(buf + tma_mirror_offset(l, jj), packed);
+  }
+}
+
+// The staged buffer to D's tile at rows r0.., columns c0..: every thread's writes made visible to
+// the copy engine, the warpgroup met, then one thread stores and waits until the engine has
+// read the buffer.
+__device__ __forceinline__ void tma_store_buffer(const CUtensorMap* map_d, const unsigned char* buf, int c0, int r0,
+                                                 int z, int w) {
+  fence_async_shared();
+  named_bar_sync(3 + w, 128);
+  if (threadIdx.x % 128 == 0) {
+    tma_store(map_d, buf, c0, r0, z);
+    tma_store(map_d, buf + kCTileBytes / 2, c0 + 64, r0, z);
+    bulk_commit();
+    bulk_wait_read();
+  }
+}
+
+// store_tile_tma through one buffer (the C tile's slot). Off the diagonal: the tile in place
+// (each warp reads its own blocks' C and overwrites them), stored at (row0, col0), then, once
+// the engine has read the buffer, its transpose at (col0, row0). Diagonal tiles (1/t of a
+// t-block-row matrix's tiles) take the register epilogue into Dz (this matrix's D; C from the
+// buffer): staged as in store_tile_tma they made ptxas spill 0.7 KB per thread with C in this
+// kernel; this way 52 B without C and 188 B with (the register epilogue's kernel: 148 and 48).
+template <typename T>
+__device__ __forceinline__ void store_tile_tma_one_buffer(float (&acc0)[64], float (&acc1)[64], unsigned char* buf,
+                                                          bool with_c, const CUtensorMap* map_d, T* Dz, int m, int z,
+                                                          int row0, int col0, float alpha, float beta, float diag,
+                                                          int w) {
+  if (row0 == col0) {
+    store_tile_lower_mirrored<T>(acc0, acc1, with_c ? buf : nullptr, nullptr, Dz, m, row0, col0, alpha, beta, diag);
+    return;
+  }
+  tma_stage_values<T, true>(acc0, 0, buf, with_c, alpha, beta);
+  tma_stage_values<T, true>(acc1, 64, buf, with_c, alpha, beta);
+  tma_store_buffer(map_d, buf, col0, row0, z, w);
+  named_bar_sync(3 + w, 128);  // the engine has read the buffer (the storing thread waited)
+  tma_stage_values<T, false>(acc0, 0, buf, false, alpha, beta);
+  tma_stage_values<T, false>(acc1, 64, buf, false, alpha, beta);
+  tma_store_buffer(map_d, buf, row0, col0, z, w);
 }
 
 // 3 warpgroups: 2 consumers + 1 producer; the producer gives its registers to the consumers
@@ -845,17 +927,19 @@ __device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_
   return carve_pingpong_smem_of<kPpStages, CTma ? 2 : 0>(smem_raw);
 }
 
-// TmaStore (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): the epilogue through the warpgroup's C buffer (there
-// with or without C) and TMA stores into D by map_d (store_tile_tma); otherwise map_d is unused.
-template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, bool TmaStore = false>
+// TmaBuffers 2 (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): the epilogue through two buffers per consumer
+// warpgroup and TMA stores into D by map_d (store_tile_tma), 3 stages; 1
+// (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF): through one buffer (store_tile_tma_one_buffer), 4
+// stages; 0: the register epilogue, map_d unused.
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, int TmaBuffers = 0>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                               const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
                               const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
                               int k, float alpha, float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int Stages = TmaStore ? kPpTmaStages : kPpStages;
-  const PingPongSmem sh = carve_pingpong_smem_of<Stages, TmaStore ? 4 : (CTma ? 2 : 0)>(smem_raw);
+  constexpr int Stages = TmaBuffers == 2 ? kPpTmaStages : kPpStages;
+  const PingPongSmem sh = carve_pingpong_smem_of<Stages, TmaBuffers ? 2 * TmaBuffers : (CTma ? 2 : 0)>(smem_raw);
   unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
   uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
@@ -908,10 +992,14 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     wgmma_wait<0>();
     if (lt == 0) mbar_arrive(&empty[(g - 1) % Stages]);
 
-    if constexpr (TmaStore) {
+    if constexpr (TmaBuffers > 0) {
       if (c_by_tma) wait_c_buffer(n, w, c_full);
-      store_tile_tma<T>(acc0, acc1, cbuf + w * kCTileBytes, cbuf + (2 + w) * kCTileBytes, c_by_tma, &map_d, z, row0,
-                        col0, alpha, beta, diag, w);
+      if constexpr (TmaBuffers == 2)
+        store_tile_tma<T>(acc0, acc1, cbuf + w * kCTileBytes, cbuf + (2 + w) * kCTileBytes, c_by_tma, &map_d, z, row0,
+                          col0, alpha, beta, diag, w);
+      else
+        store_tile_tma_one_buffer<T>(acc0, acc1, cbuf + w * kCTileBytes, c_by_tma, &map_d,
+                                     D + static_cast<int64_t>(z) * stride_d, m, z, row0, col0, alpha, beta, diag, w);
       if (c_by_tma) release_c_buffer(w, c_empty);
     } else {
       finish_pingpong_tile<T, CTma, Epi>(acc0, acc1, n, w, c_by_tma, cbuf, c_full, c_empty, C, stride_c, D, stride_d,
@@ -1510,9 +1598,10 @@ bool d_by_tma(const void* D, int64_t m, int64_t stride_d, const void* C, bool c_
 }
 
 // The persistent kernels (ping-pong over 128×128 tiles, or cooperative over 128×256 wide tiles):
-// one grid of min(tiles, SMs) CTAs of the kernel instance for this C path. TmaStore (ping-pong
-// only): the epilogue by TMA stores where d_by_tma() allows, the register epilogue elsewhere.
-template <typename T, bool Coop, EpilogueProbe Epi = EpilogueProbe::Full, bool TmaStore = false>
+// one grid of min(tiles, SMs) CTAs of the kernel instance for this C path. TmaBuffers (ping-pong
+// only, 1 or 2): the epilogue by TMA stores where d_by_tma() allows, the register epilogue
+// elsewhere.
+template <typename T, bool Coop, EpilogueProbe Epi = EpilogueProbe::Full, int TmaBuffers = 0>
 orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                  int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                  int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1525,7 +1614,7 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
   const int64_t t = (m + kBM - 1) / kBM, per_matrix = Coop ? wide_tiles(t) : t * (t + 1) / 2;
   const int64_t total = per_matrix * batch;
   CUtensorMap map_d{};
-  const bool tma_store = TmaStore && d_by_tma(D, m, stride_d, C, c_by_tma);
+  const bool tma_store = TmaBuffers > 0 && d_by_tma(D, m, stride_d, C, c_by_tma);
   if (tma_store) ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma, auto by_tma_store) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
@@ -1537,14 +1626,17 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
                                                                        map_a, map_b, map_c, c, stride_c, d, stride_d,
                                                                        mi, ki, alpha, beta, diag, per_matrix, total);
     } else {
-      constexpr bool kTmaStore = decltype(by_tma_store)::value;
-      return launch_one_per_sm<sym_wgmma_pingpong_kernel<T, kCByTma, Epi, kTmaStore>>(
-          kTmaStore ? pp_tma_smem_bytes() : pp_smem_bytes<kCByTma>(), total, stream, map_a, map_b, map_c, map_d, c, stride_c, d, stride_d,
+      constexpr int kBuffers = decltype(by_tma_store)::value ? TmaBuffers : 0;
+      constexpr size_t kSmem = kBuffers == 2   ? pp_tma_smem_bytes()
+                               : kBuffers == 1 ? pp_smem_bytes_of<kPpStages, 2>()
+                                               : pp_smem_bytes<kCByTma>();
+      return launch_one_per_sm<sym_wgmma_pingpong_kernel<T, kCByTma, Epi, kBuffers>>(
+          kSmem, total, stream, map_a, map_b, map_c, map_d, c, stride_c, d, stride_d,
           mi, ki, alpha, beta, diag, per_matrix, total);
     }
   };
   if (tma_store) {
-    if constexpr (TmaStore && !Coop)
+    if constexpr (TmaBuffers > 0 && !Coop)
       ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{}));
   } else {
     ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{}));
@@ -1695,7 +1787,9 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA)
-      return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaStore=*/true>);
+      return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaBuffers=*/2>);
+    if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF)
+      return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaBuffers=*/1>);
     return run(launch<T>);
   };
   return dtype == ORTHOPT_BF16 ? by_path(__nv_bfloat16{}) : by_path(__half{});

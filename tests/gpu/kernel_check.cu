@@ -1408,10 +1408,11 @@ int main(int argc, char** argv) {
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                   ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
-                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA}) {
+                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
+                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF}) {
       const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
                               path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
-                              path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
+                              path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
       const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));

@@ -11,9 +11,10 @@
 //
 // Checked against c_tile_offset (the layout the C tile comes in by TMA and D leaves in): off the
 // diagonal, every element lands at its own position in the in-place buffer and at the mirrored
-// position in the mirror buffer, and both buffers are covered exactly once; on the diagonal
-// (block by block), the mirror buffer holds at every position (r, c) the element
-// (max(r, c), min(r, c)), exactly once.
+// position in the mirror buffer, and both buffers are covered exactly once (the one-buffer form,
+// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, uses the same offsets into one buffer, one after the
+// other); on the diagonal (block by block, the two-buffer form), the mirror buffer holds at
+// every position (r, c) the element (max(r, c), min(r, c)), exactly once.
 #include <cstdio>
 #include <vector>
 
