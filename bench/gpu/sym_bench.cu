@@ -72,6 +72,37 @@ std::vector<double> interleaved_median_ms(const std::vector<std::function<void()
 
 struct Shape { int64_t batch, m, k; };
 
+// The operands of a shape's products: A [batch, m, k] (random, scaled like an NS input), D
+// [batch, m, m], and with `with_c` a C like D (random; timing only, the kernels do not need a
+// symmetric C); `dense` is the peer, cuBLAS's dense D = A·Aᵀ.
+struct Operands {
+  __nv_bfloat16 *A = nullptr, *C = nullptr, *D = nullptr;
+  Operands(const Shape& s, bool with_c) {
+    const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
+    CK(cudaMalloc(&A, na * 2));
+    CK(cudaMalloc(&D, nd * 2));
+    fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
+    if (with_c) {
+      CK(cudaMalloc(&C, nd * 2));
+      fill<<<1024, 256>>>(C, nd, 29u, 1.0f);
+    }
+    CK(cudaGetLastError());
+  }
+  Operands(const Operands&) = delete;
+  Operands& operator=(const Operands&) = delete;
+  ~Operands() {
+    cudaFree(A);
+    cudaFree(C);
+    cudaFree(D);
+  }
+  void dense(cublasHandle_t h, const Shape& s) const {
+    const float one = 1.0f, zero = 0.0f;
+    CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.m, s.k, &one, A, CUDA_R_16BF, s.k, s.m * s.k, A,
+                                  CUDA_R_16BF, s.k, s.m * s.k, &zero, D, CUDA_R_16BF, s.m, s.m * s.m, s.batch,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+};
+
 // The epilogue probe: the ping-pong and cooperative kernels (bf16, no C) timed with their
 // full epilogue, with only the in-place half of each tile stored (no mirrored stores) and with
 // no stores at all (sym_abt_wgmma_epilogue_probe: D is wrong in the last two; timing only),
@@ -82,18 +113,9 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
               "| coop no stores | pp TMA-store epilogue | pp TMA 1 buffer | pp no stores / dense·½ | coop no stores / dense·½ |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
-    __nv_bfloat16 *A, *D;
-    const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
-    CK(cudaMalloc(&A, na * 2));
-    CK(cudaMalloc(&D, nd * 2));
-    fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
-    CK(cudaGetLastError());
-    const float one = 1.0f, zero = 0.0f;
-    auto dense = [&] {
-      CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.m, s.k, &one, A, CUDA_R_16BF, s.k, s.m * s.k,
-                                    A, CUDA_R_16BF, s.k, s.m * s.k, &zero, D, CUDA_R_16BF, s.m, s.m * s.m, s.batch,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    };
+    const Operands ops(s, /*with_c=*/false);
+    __nv_bfloat16 *A = ops.A, *D = ops.D;
+    auto dense = [&] { ops.dense(h, s); };
     auto probe = [&](orthopt_sym_path p, int stores) {
       return [&, p, stores] {
         CK(orthopt_k::sym_abt_wgmma_epilogue_probe(p, stores, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f,
@@ -117,8 +139,6 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
                 t[3] / (0.5 * t[0]), t[6] / (0.5 * t[0]));
-    cudaFree(A);
-    cudaFree(D);
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16, no C. The probe columns "
               "leave D wrong (timing only).\n",
@@ -149,20 +169,9 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("SYM_BENCH_SHAPE");
   if (only) shapes = {shapes.at(std::atoi(only))};
   for (const auto& s : shapes) {
-    __nv_bfloat16 *A, *C, *D;
-    const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
-    CK(cudaMalloc(&A, na * 2));
-    CK(cudaMalloc(&C, nd * 2));
-    CK(cudaMalloc(&D, nd * 2));
-    fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
-    fill<<<1024, 256>>>(C, nd, 29u, 1.0f);  // timing only: the kernels do not need a symmetric C
-    CK(cudaGetLastError());
-    const float one = 1.0f, zero = 0.0f;
-    auto dense = [&] {
-      CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.m, s.k, &one, A, CUDA_R_16BF, s.k, s.m * s.k,
-                                    A, CUDA_R_16BF, s.k, s.m * s.k, &zero, D, CUDA_R_16BF, s.m, s.m * s.m, s.batch,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    };
+    const Operands ops(s, /*with_c=*/true);
+    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
+    auto dense = [&] { ops.dense(h, s); };
     auto blocks = [&](int64_t b) {
       return [&, b] {
         CK(orthopt_k::sym_abt_blocks(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0,
@@ -198,9 +207,6 @@ int main(int argc, char** argv) {
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,
                 tpair, tpairc, twide, twidec, ttma, ttmac, ttma1, ttma1c, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
-    cudaFree(A);
-    cudaFree(C);
-    cudaFree(D);
   }
   std::printf("pair kernel: %d clusters of 2 CTAs fit at once.\n", orthopt_k::sym_wgmma_pair_clusters());
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, the paths of a shape timed round-robin; TF/s "

@@ -534,22 +534,24 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* p, const uint32_t (&r)[4
                     : "memory");
 }
 
-// One accumulator half (64 rows from tile row h0) of an off-diagonal tile in store_tile_tma,
-// four 8×8 blocks per instruction: matrix k = 2·dj + half of step jj is the block at rows
-// h0 + 16·warp + 8·half, columns 8·(2·jj + dj). Its C comes from `in` (ldmatrix), α·acc + β·C
-// is rounded and stored back in place into `in` (the same blocks this warp read: no other warp
-// touches them) and transposed into `mirror` at rows 8·(2·jj + dj), columns h0 + 16·warp +
-// 8·half (stmatrix .trans). Offsets in the staged layout (c_tile_offset) are a per-lane part
-// plus constants (tma_stage_lane, sym_tiles.h): lane L gives row L % 8 of matrix L / 8.
-template <typename T>
-__device__ __forceinline__ void stage_half_tma_blocks(const float (&acc)[64], int h0, unsigned char* in,
-                                                      unsigned char* mirror, bool with_c, float alpha, float beta) {
+// One accumulator half (64 rows from tile row h0) of an off-diagonal tile in the TMA-store
+// epilogues, four 8×8 blocks per instruction: matrix k = 2·dj + half of step jj is the block at
+// rows h0 + 16·warp + 8·half, columns 8·(2·jj + dj) (row addresses: tma_stage_lane, sym_tiles.h;
+// lane L gives row L % 8 of matrix L / 8).
+//   Both (two buffers, store_tile_tma): its C read from `in` (ldmatrix, the warp's own blocks),
+//     α·acc + β·C rounded, stored in place into `in` and transposed into `mirror` (.trans);
+//   InPlace (one buffer, first pass): the same into `in` only, the values kept in acc;
+//   Mirror (one buffer, second pass): the kept values transposed into `mirror`.
+enum class TmaStage { Both, InPlace, Mirror };
+template <typename T, TmaStage S>
+__device__ __forceinline__ void tma_stage_blocks(float (&acc)[64], int h0, unsigned char* in, unsigned char* mirror,
+                                                 bool with_c, float alpha, float beta) {
   const TmaStageLane l = tma_stage_lane(h0, (threadIdx.x / 32) & 3, threadIdx.x & 31);
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int in_off = tma_in_offset(l, jj);
     uint32_t c[4] = {0, 0, 0, 0};
-    if (with_c) ldmatrix_x4(c, in + in_off);
+    if (S != TmaStage::Mirror && with_c) ldmatrix_x4(c, in + in_off);
     uint32_t packed[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -558,14 +560,18 @@ __device__ __forceinline__ void stage_half_tma_blocks(const float (&acc)[64], in
       PairOf<T> out;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        float v = alpha * acc[4 * j + 2 * half + q];
-        if (with_c) v += beta * Elem<T>::load(&cp.v[q]);
+        float v = acc[4 * j + 2 * half + q];
+        if (S != TmaStage::Mirror) {
+          v = alpha * v;
+          if (with_c) v += beta * Elem<T>::load(&cp.v[q]);
+          if (S == TmaStage::InPlace) acc[4 * j + 2 * half + q] = v;  // for the Mirror pass
+        }
         out.v[q] = Elem<T>::make(v);
       }
       packed[k] = pair_bits(out);
     }
-    stmatrix_x4(in + in_off, packed);
-    stmatrix_x4_trans(mirror + tma_mirror_offset(l, jj), packed);
+    if (S != TmaStage::Mirror) stmatrix_x4(in + in_off, packed);
+    if (S != TmaStage::InPlace) stmatrix_x4_trans(mirror + tma_mirror_offset(l, jj), packed);
   }
 }
 
@@ -637,7 +643,7 @@ __device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], 
 // (the register epilogue: 148 and 48); a first version that staged the diagonal tiles pair
 // by pair spilled 0.5-1.2 KB.
 template <typename T>
-__device__ __forceinline__ void store_tile_tma(const float (&acc0)[64], const float (&acc1)[64], unsigned char* in,
+__device__ __forceinline__ void store_tile_tma(float (&acc0)[64], float (&acc1)[64], unsigned char* in,
                                                unsigned char* mirror, bool with_c, const CUtensorMap* map_d, int z,
                                                int row0, int col0, float alpha, float beta, float diag, int w) {
   const bool on_diag = row0 == col0;
@@ -645,8 +651,8 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc0)[64], const fl
     stage_half_tma_diagonal<T>(acc0, 0, in, mirror, with_c, alpha, beta, diag);
     stage_half_tma_diagonal<T>(acc1, 64, in, mirror, with_c, alpha, beta, diag);
   } else {
-    stage_half_tma_blocks<T>(acc0, 0, in, mirror, with_c, alpha, beta);
-    stage_half_tma_blocks<T>(acc1, 64, in, mirror, with_c, alpha, beta);
+    tma_stage_blocks<T, TmaStage::Both>(acc0, 0, in, mirror, with_c, alpha, beta);
+    tma_stage_blocks<T, TmaStage::Both>(acc1, 64, in, mirror, with_c, alpha, beta);
   }
   fence_async_shared();  // this thread's writes, visible to the copy engine
   named_bar_sync(3 + w, 128);
@@ -666,42 +672,6 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc0)[64], const fl
 // through the same 32 KiB buffer per consumer warpgroup, which keeps the 4-stage ring. The
 // accumulators stay live until the mirror is staged (the consumers have 232 registers after
 // setmaxnreg, and ptxas allocates that region with them).
-
-// An off-diagonal half into `buf`, four 8×8 blocks per instruction (tma_stage_lane).
-// InPlace: its C read from `buf` (ldmatrix, the warp's own blocks), α·acc + β·C kept in the
-// accumulators and stored rounded in place; else the kept values stored as the mirror tile
-// (stmatrix .trans).
-template <typename T, bool InPlace>
-__device__ __forceinline__ void tma_stage_values(float (&acc)[64], int h0, unsigned char* buf, bool with_c,
-                                                 float alpha, float beta) {
-  const TmaStageLane l = tma_stage_lane(h0, (threadIdx.x / 32) & 3, threadIdx.x & 31);
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    uint32_t c[4] = {0, 0, 0, 0};
-    if (InPlace && with_c) ldmatrix_x4(c, buf + tma_in_offset(l, jj));
-    uint32_t packed[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = 2 * jj + (k >> 1), half = k & 1;
-      const PairOf<T> cp = pair_from_bits<T>(c[k]);
-      PairOf<T> out;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        float& a = acc[4 * j + 2 * half + q];
-        if (InPlace) {
-          a = alpha * a;
-          if (with_c) a += beta * Elem<T>::load(&cp.v[q]);
-        }
-        out.v[q] = Elem<T>::make(a);
-      }
-      packed[k] = pair_bits(out);
-    }
-    if constexpr (InPlace)
-      stmatrix_x4(buf + tma_in_offset(l, jj), packed);
-    else
-      stmatrix_x4_trans(buf + tma_mirror_offset(l, jj), packed);
-  }
-}
 
 // The staged buffer to D's tile at rows r0.., columns c0..: every thread's writes made visible to
 // the copy engine, the warpgroup met, then one thread stores and waits until the engine has
@@ -733,12 +703,12 @@ __device__ __forceinline__ void store_tile_tma_one_buffer(float (&acc0)[64], flo
     store_tile_lower_mirrored<T>(acc0, acc1, with_c ? buf : nullptr, nullptr, Dz, m, row0, col0, alpha, beta, diag);
     return;
   }
-  tma_stage_values<T, true>(acc0, 0, buf, with_c, alpha, beta);
-  tma_stage_values<T, true>(acc1, 64, buf, with_c, alpha, beta);
+  tma_stage_blocks<T, TmaStage::InPlace>(acc0, 0, buf, buf, with_c, alpha, beta);
+  tma_stage_blocks<T, TmaStage::InPlace>(acc1, 64, buf, buf, with_c, alpha, beta);
   tma_store_buffer(map_d, buf, col0, row0, z, w);
   named_bar_sync(3 + w, 128);  // the engine has read the buffer (the storing thread waited)
-  tma_stage_values<T, false>(acc0, 0, buf, false, alpha, beta);
-  tma_stage_values<T, false>(acc1, 64, buf, false, alpha, beta);
+  tma_stage_blocks<T, TmaStage::Mirror>(acc0, 0, buf, buf, false, alpha, beta);
+  tma_stage_blocks<T, TmaStage::Mirror>(acc1, 64, buf, buf, false, alpha, beta);
   tma_store_buffer(map_d, buf, row0, col0, z, w);
 }
 
