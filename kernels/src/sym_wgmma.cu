@@ -693,7 +693,7 @@ __device__ __forceinline__ void tma_store_buffer(const CUtensorMap* map_d, const
 // the engine has read the buffer, its transpose at (col0, row0). Diagonal tiles (1/t of a
 // t-block-row matrix's tiles) take the register epilogue into Dz (this matrix's D; C from the
 // buffer): staged as in store_tile_tma they made ptxas spill 0.7 KB per thread with C in this
-// kernel; this way 52 B without C and 188 B with (the register epilogue's kernel: 148 and 48).
+// kernel; this way 52 B without C and 112 B with (the register epilogue's kernel: 148 and 48).
 template <typename T>
 __device__ __forceinline__ void store_tile_tma_one_buffer(float (&acc0)[64], float (&acc1)[64], unsigned char* buf,
                                                           bool with_c, const CUtensorMap* map_d, T* Dz, int m, int z,
