@@ -24,18 +24,22 @@ orthopt_sym_path forced_path() {
   return p;
 }
 
-// ORTHOPT_SYM_PERSISTENT=coop|pair|wide|tma|tma1: AUTO takes the cooperative, pair or wide
-// kernel, or ping-pong with the TMA-store epilogue (two buffers, or one), wherever it
-// would take the ping-pong kernel (A/B timings of whole NS runs and steps).
+// The persistent kernel AUTO takes where it takes one (see auto_sym_path for when and why).
+constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
+
+// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1: AUTO takes ping-pong with the register
+// epilogue, the cooperative, pair or wide kernel, or ping-pong with the TMA-store epilogue (two
+// buffers, or one: the default) wherever it takes a persistent kernel (A/B timings of whole NS
+// runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
+    if (v && std::string_view(v) == "pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     if (v && std::string_view(v) == "coop") return ORTHOPT_SYM_WGMMA_COOP;
     if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
-    if (v && std::string_view(v) == "tma1") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
-    return ORTHOPT_SYM_WGMMA_PINGPONG;
+    return kAutoPersistent;
   }();
   return p;
 }
@@ -78,11 +82,17 @@ const char* sym_path_name(orthopt_sym_path path) {
 // 2026-12-01 (eighth session): ping-pong was faster in three round-robin sym_bench runs at
 // 12×768×3072 (0.058–0.063 vs 0.065–0.073 ms), and GPT-2's Muon step with ping-pong there, in 4
 // alternated runs, 2.970 / 3.011 ms graph (3.147 / 3.086 eager) vs 3.010 / 3.023 (3.212 / 3.156).
+// Thirteenth session (2026-12-01, bench/results/2026-12-01-h200-tma-epilogue.md): where AUTO took
+// ping-pong it takes ping-pong with the one-buffer TMA-store epilogue. Round-robin sym_bench,
+// without C / with β·C: 8192² 0.886 / 0.890 ms vs 0.988 / 0.993, 4096×14336 0.361 / 0.363 vs
+// 0.384 / 0.387, 32×2048×7168 1.603 / 1.584 vs 1.686 / 1.651, 16×1536×2048 0.151 / 0.168 vs
+// 0.171 / 0.171; bench ns 4096² 2.23 vs 2.36 ms, 8192² 18.27 vs 19.00, 32×7168×2048 18.19 vs
+// 18.76. The two-buffer form (3 stages) was slower than ping-pong on every shape from m = 1536.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
-  if (m >= 4096) return ORTHOPT_SYM_WGMMA_PINGPONG;
-  if (m >= 768 && k >= 2 * m) return ORTHOPT_SYM_WGMMA_PINGPONG;
-  if (m >= 1408 && work >= 5e10) return ORTHOPT_SYM_WGMMA_PINGPONG;
+  if (m >= 4096) return kAutoPersistent;
+  if (m >= 768 && k >= 2 * m) return kAutoPersistent;
+  if (m >= 1408 && work >= 5e10) return kAutoPersistent;
   return ORTHOPT_SYM_DENSE;
 }
 
@@ -106,7 +116,7 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   if (path == ORTHOPT_SYM_AUTO) path = forced_path();
   if (path == ORTHOPT_SYM_AUTO) {
     path = auto_sym_path(batch, m, k);
-    if (path == ORTHOPT_SYM_WGMMA_PINGPONG) path = persistent_override();
+    if (path == kAutoPersistent) path = persistent_override();
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
       path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA ||
