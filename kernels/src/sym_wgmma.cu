@@ -33,10 +33,12 @@
 // so L2 bytes are not what limits ping-pong. A fifth (ORTHOPT_SYM_WGMMA_WIDE, last) keeps
 // ping-pong with 64×256 warpgroup units, one m64n256k16 per step: 17% fewer shared-memory
 // reads, and 1.2-1.55x slower (bench/results/2026-12-01-h200-wide.md), so shared-memory reads
-// are not it either. A sixth (ORTHOPT_SYM_WGMMA_PINGPONG_TMA, twelfth session, not yet run on a
-// GPU) is ping-pong with its epilogue staged in shared memory by stmatrix and written by TMA
-// stores (store_tile_tma), in whole 128-byte rows, at the price of a 3-stage ring; a seventh
-// (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) does it through one buffer and keeps 4 stages.
+// are not it either. A sixth (ORTHOPT_SYM_WGMMA_PINGPONG_TMA) is ping-pong with its epilogue
+// staged in shared memory by stmatrix and written by TMA stores (store_tile_tma), in whole
+// 128-byte rows, at the price of a 3-stage ring: 1.2-1.4x slower than ping-pong from m = 1536.
+// A seventh (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) does it through one buffer and keeps 4
+// stages: 4-13% faster than ping-pong without C, level to 10% with beta*C, so AUTO takes it
+// (H200, bench/results/2026-12-01-h200-tma-epilogue.md).
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
