@@ -160,14 +160,14 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   cublasHandle_t h;
   CK(cublasCreate(&h));
+  // SYM_BENCH_SHAPE=i: only shape i (profiling one shape; the probe's tables too).
+  const char* only = std::getenv("SYM_BENCH_SHAPE");
+  if (only) shapes = {shapes.at(std::atoi(only))};
   // SYM_BENCH_EPILOGUE=1: only the epilogue probe (what the persistent kernels' stores cost).
   if (const char* probe = std::getenv("SYM_BENCH_EPILOGUE"); probe && std::string(probe) == "1")
     return epilogue_probe(h, shapes, repeats);
   std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  // SYM_BENCH_SHAPE=i: only shape i (profiling one shape).
-  const char* only = std::getenv("SYM_BENCH_SHAPE");
-  if (only) shapes = {shapes.at(std::atoi(only))};
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
     __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
