@@ -829,8 +829,9 @@ __device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, cons
 
 // What the persistent kernels' epilogue stores: everything (the product), or, as a timing probe
 // that leaves D wrong (bench/gpu/sym_bench.cu, SYM_BENCH_EPILOGUE=1), only the in-place half of
-// each tile or nothing, to measure what the epilogue's stores cost.
-enum class EpilogueProbe { Full, InPlace, None };
+// each tile, or nothing: then ptxas also drops the wgmmas whose results nobody reads (seen with
+// Nsight Compute: tensor pipe idle), so LoadsOnly times the operand loads through the ring.
+enum class EpilogueProbe { Full, InPlace, LoadsOnly };
 
 // Consumer warpgroup w: the epilogue of its tile n at (row0, col0) of matrix z, with C from its
 // TMA buffer (c_by_tma), from global memory (C without CTma) or none; store = false skips the
@@ -846,7 +847,7 @@ __device__ __forceinline__ void finish_pingpong_tile(const float (&acc0)[64], co
     cs = cbuf + w * kCTileBytes;
     wait_c_buffer(n, w, c_full);
   }
-  if (store && Epi != EpilogueProbe::None)
+  if (store && Epi != EpilogueProbe::LoadsOnly)
     store_tile_lower_mirrored<T, Epi == EpilogueProbe::Full>(
         acc0, acc1, cs, !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr,
         D + static_cast<int64_t>(z) * stride_d, m, row0, col0, alpha, beta, diag);
@@ -1107,7 +1108,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       wgmma_wait<0>();
       if (lt == 0) mbar_arrive(&empty[(g - 1) % kStagesC]);
       if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-      if constexpr (Epi != EpilogueProbe::None)
+      if constexpr (Epi != EpilogueProbe::LoadsOnly)
         store_tile_lower_mirrored<T, Epi == EpilogueProbe::Full>(
             acc0, acc1, c_by_tma ? cbuf + w * kCTileBytes : nullptr,
             !CTma && C ? C + static_cast<int64_t>(z) * stride_c : nullptr, D + static_cast<int64_t>(z) * stride_d, m,
@@ -1785,8 +1786,8 @@ orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, i
       return coop ? run(launch_persistent<T, true, EpilogueProbe::InPlace>)
                   : run(launch_persistent<T, false, EpilogueProbe::InPlace>);
     case 2:
-      return coop ? run(launch_persistent<T, true, EpilogueProbe::None>)
-                  : run(launch_persistent<T, false, EpilogueProbe::None>);
+      return coop ? run(launch_persistent<T, true, EpilogueProbe::LoadsOnly>)
+                  : run(launch_persistent<T, false, EpilogueProbe::LoadsOnly>);
     default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0, 1 or 2");
   }
 }
