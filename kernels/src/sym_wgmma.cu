@@ -503,19 +503,6 @@ __device__ __forceinline__ void store_tile_lower_mirrored(const float (&acc0)[64
   store_half_lower_mirrored<T, kBM, false, Mirror>(acc1, Cs, 64, Cz, Dz, m, row0 + 64, col0, alpha, beta, diag);
 }
 
-// The pair p at byte offset off of a staged tile, element q only where keep_q.
-template <typename T>
-__device__ __forceinline__ void put_staged_pair(unsigned char* tile, int off, const PairOf<T>& p, bool keep0,
-                                                bool keep1) {
-  unsigned char* dst = tile + off;
-  if (keep0 && keep1) {
-    *reinterpret_cast<PairOf<T>*>(dst) = p;
-    return;
-  }
-  if (keep0) reinterpret_cast<T*>(dst)[0] = p.v[0];
-  if (keep1) reinterpret_cast<T*>(dst)[1] = p.v[1];
-}
-
 // Four 8×8 matrices of 16-bit values between shared memory and mma fragments (each thread's
 // register k: the pair at row lane/4, columns 2·(lane % 4) + {0, 1} of matrix k; lane L gives
 // the address of row L % 8 of matrix L / 8). stmatrix .trans stores each matrix transposed.
