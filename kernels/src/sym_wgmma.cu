@@ -847,16 +847,21 @@ template <int Stages, int Buffers>
 constexpr size_t pp_smem_bytes_of() {
   return 1024 + size_t(Stages) * kPpStageBytes + size_t(Buffers) * kCTileBytes + (2 * Stages + 4) * sizeof(uint64_t);
 }
-template <bool CTma>
-constexpr size_t pp_smem_bytes() {
-  return pp_smem_bytes_of<kPpStages, CTma ? 2 : 0>();
-}
 // The TMA-store epilogue's ping-pong (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): two buffers per consumer
 // warpgroup (the tile in place, in its C tile's slot, and the mirrored tile), which leaves room
 // for 3 stages in the 227 KiB a block may have.
 constexpr int kPpTmaStages = 3;
-constexpr size_t pp_tma_smem_bytes() { return pp_smem_bytes_of<kPpTmaStages, 4>(); }
-static_assert(pp_tma_smem_bytes() <= 227 * 1024, "the TMA-store ping-pong's shared memory exceeds 227 KiB");
+// The ring and tile buffers of a ping-pong kernel instance (the pair kernel's: TmaBuffers 0),
+// what the kernel carves and its launch asks for: with C by TMA one C tile per consumer
+// warpgroup; with the TMA-store epilogue TmaBuffers staging buffers per warpgroup (the first
+// one being the C tile's slot), and with two of them 3 stages instead of 4.
+template <bool CTma, int TmaBuffers = 0>
+struct PpLayout {
+  static constexpr int stages = TmaBuffers == 2 ? kPpTmaStages : kPpStages;
+  static constexpr int buffers = TmaBuffers > 0 ? 2 * TmaBuffers : (CTma ? 2 : 0);
+  static constexpr size_t smem_bytes = pp_smem_bytes_of<stages, buffers>();
+};
+static_assert(PpLayout<true, 2>::smem_bytes <= 227 * 1024, "the TMA-store ping-pong's shared memory exceeds 227 KiB");
 
 // The ping-pong ring's shared memory (the pair kernel's too), from a 1024-byte aligned start:
 // Stages stages of A and B tiles, the Buffers tile buffers (with C: one C tile per consumer
@@ -882,9 +887,10 @@ __device__ __forceinline__ PingPongSmem carve_pingpong_smem_of(unsigned char* sm
   sh.c_empty = sh.c_full + 2;
   return sh;
 }
-template <bool CTma>
+template <bool CTma, int TmaBuffers = 0>
 __device__ __forceinline__ PingPongSmem carve_pingpong_smem(unsigned char* smem_raw) {
-  return carve_pingpong_smem_of<kPpStages, CTma ? 2 : 0>(smem_raw);
+  using L = PpLayout<CTma, TmaBuffers>;
+  return carve_pingpong_smem_of<L::stages, L::buffers>(smem_raw);
 }
 
 // TmaBuffers 2 (ORTHOPT_SYM_WGMMA_PINGPONG_TMA): the epilogue through two buffers per consumer
@@ -898,8 +904,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                               const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
                               int k, float alpha, float beta, float diag, int64_t tiles_per_mat, int64_t total_tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int Stages = TmaBuffers == 2 ? kPpTmaStages : kPpStages;
-  const PingPongSmem sh = carve_pingpong_smem_of<Stages, TmaBuffers ? 2 * TmaBuffers : (CTma ? 2 : 0)>(smem_raw);
+  constexpr int Stages = PpLayout<CTma, TmaBuffers>::stages;
+  const PingPongSmem sh = carve_pingpong_smem<CTma, TmaBuffers>(smem_raw);
   unsigned char *smem = sh.ring, *cbuf = sh.cbuf;
   uint64_t *full = sh.full, *empty = sh.empty, *c_full = sh.c_full, *c_empty = sh.c_empty;
   auto locate = [&](int64_t t, int* z, int* row0, int* col0) {
@@ -1587,11 +1593,8 @@ orthopt_status launch_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, 
                                                                        mi, ki, alpha, beta, diag, per_matrix, total);
     } else {
       constexpr int kBuffers = decltype(by_tma_store)::value ? TmaBuffers : 0;
-      constexpr size_t kSmem = kBuffers == 2   ? pp_tma_smem_bytes()
-                               : kBuffers == 1 ? pp_smem_bytes_of<kPpStages, 2>()
-                                               : pp_smem_bytes<kCByTma>();
       return launch_one_per_sm<sym_wgmma_pingpong_kernel<T, kCByTma, Epi, kBuffers>>(
-          kSmem, total, stream, map_a, map_b, map_c, map_d, c, stride_c, d, stride_d,
+          PpLayout<kCByTma, kBuffers>::smem_bytes, total, stream, map_a, map_b, map_c, map_d, c, stride_c, d, stride_d,
           mi, ki, alpha, beta, diag, per_matrix, total);
     }
   };
@@ -1648,7 +1651,7 @@ orthopt_status launch_pair_instance(const CUtensorMap& map_a, const CUtensorMap&
                                     const T* C, int64_t stride_c, T* D, int64_t stride_d, int m, int k, float alpha,
                                     float beta, float diag, int64_t per_matrix, int64_t total, cudaStream_t stream) {
   constexpr auto kernel = sym_wgmma_pair_kernel<T, CTma>;
-  constexpr size_t smem_bytes = pp_smem_bytes<CTma>();
+  constexpr size_t smem_bytes = PpLayout<CTma>::smem_bytes;
   int max_clusters = 0;
   ORTHOPT_STATUS_TRY(max_pair_clusters<kernel>(smem_bytes, &max_clusters));
   const int64_t clusters = total < max_clusters ? total : max_clusters;
@@ -1710,7 +1713,7 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 int sym_wgmma_pair_clusters() {
   int clusters = 0;
   constexpr auto kernel = sym_wgmma_pair_kernel<__nv_bfloat16, false>;
-  return max_pair_clusters<kernel>(pp_smem_bytes<false>(), &clusters) == ORTHOPT_OK ? clusters : 0;
+  return max_pair_clusters<kernel>(PpLayout<false>::smem_bytes, &clusters) == ORTHOPT_OK ? clusters : 0;
 }
 
 bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why) {
