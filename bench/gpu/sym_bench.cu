@@ -148,6 +148,44 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
   return 0;
 }
 
+// The cooperative m64n256 kernel against AUTO's one-buffer TMA-store ping-pong, with and without
+// β·C, and both kernels' loads-only probes (ping-pong's, and the cooperative m64n128 kernel's,
+// which loads the same 48 KiB stages), round-robin: the shorter table of SYM_BENCH_N256=1.
+int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
+  std::printf("| batch×m×k | dense cuBLAS ms | pp TMA 1 buffer | pp TMA 1 buffer +β·C | coop | coop n256 | coop n256 "
+              "+β·C | pp loads only | coop loads only | n256 / pp TMA 1 buffer | same, +β·C |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const Operands ops(s, /*with_c=*/true);
+    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
+    auto dense = [&] { ops.dense(h, s); };
+    auto path = [&](orthopt_sym_path p, bool with_c = false) {
+      return [&, p, with_c] {
+        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
+                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, p, nullptr));
+      };
+    };
+    auto loads_only = [&](orthopt_sym_path p) {
+      return [&, p] {
+        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(p, 2, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr,
+                                                   0, 0.0f, 0.0f, D, s.m * s.m, nullptr));
+      };
+    };
+    const std::vector<double> t = interleaved_median_ms(
+        {dense, path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, true),
+         path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_COOP_N256), path(ORTHOPT_SYM_WGMMA_COOP_N256, true),
+         loads_only(ORTHOPT_SYM_WGMMA_PINGPONG), loads_only(ORTHOPT_SYM_WGMMA_COOP)},
+        3, repeats);
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                t[4] / t[1], t[5] / t[2]);
+  }
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5. The "
+              "loads-only columns leave D wrong (timing only).\n",
+              repeats);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,8 +206,11 @@ int main(int argc, char** argv) {
   // SYM_BENCH_EPILOGUE=1: only the epilogue probe (what the persistent kernels' stores cost).
   if (const char* probe = std::getenv("SYM_BENCH_EPILOGUE"); probe && std::string(probe) == "1")
     return epilogue_probe(h, shapes, repeats);
-  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // SYM_BENCH_N256=1: only the cooperative m64n256 kernel's table.
+  if (const char* n256 = std::getenv("SYM_BENCH_N256"); n256 && std::string(n256) == "1")
+    return coop_n256_table(h, shapes, repeats);
+  std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | coop n256 | coop n256 +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
     __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
@@ -196,18 +237,19 @@ int main(int argc, char** argv) {
          path(ORTHOPT_SYM_DENSE), path(ORTHOPT_SYM_AUTO), path(ORTHOPT_SYM_WGMMA_PAIR),
          path(ORTHOPT_SYM_WGMMA_PAIR, true), path(ORTHOPT_SYM_WGMMA_WIDE), path(ORTHOPT_SYM_WGMMA_WIDE, true),
          path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA, true),
-         path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, true)},
+         path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, true),
+         path(ORTHOPT_SYM_WGMMA_COOP_N256), path(ORTHOPT_SYM_WGMMA_COOP_N256, true)},
         3, repeats);
     const double t_dense = t[0], t512 = t[1], t1024 = t[2], tnat = t[3], twg = t[4], tpp = t[5], tco = t[6],
                  tppc = t[7], tcoc = t[8], tlt = t[9], tauto = t[10], tpair = t[11], tpairc = t[12], twide = t[13],
-                 twidec = t[14], ttma = t[15], ttmac = t[16], ttma1 = t[17], ttma1c = t[18];
+                 twidec = t[14], ttma = t[15], ttmac = t[16], ttma1 = t[17], ttma1c = t[18], tn256 = t[19], tn256c = t[20];
     const orthopt_sym_path ap = orthopt_k::auto_sym_path(s.batch, s.m, s.k);
     const double flops = 2.0 * s.batch * s.m * s.m * s.k;  // dense count
     const char* ap_name = orthopt_k::sym_path_name(ap);
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
-                "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
+                "| %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.2f | %.0f | %.0f |\n",
                 (long long)s.batch, (long long)s.m, (long long)s.k, t_dense, t512, t1024, tnat, twg, tpp, tco, tppc, tcoc,
-                tpair, tpairc, twide, twidec, ttma, ttmac, ttma1, ttma1c, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9,
+                tpair, tpairc, twide, twidec, ttma, ttmac, ttma1, ttma1c, tn256, tn256c, tlt, tauto, ap_name, tauto / t_dense, flops / t_dense * 1e-9,
                 flops / tauto * 1e-9);
   }
   std::printf("pair kernel: %d clusters of 2 CTAs fit at once.\n", orthopt_k::sym_wgmma_pair_clusters());

@@ -53,7 +53,11 @@ typedef enum {
                                 PINGPONG's register epilogue elsewhere; a 3-stage ring */,
   ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF = 10 /* PINGPONG_TMA through one buffer per warpgroup (the
                                 tile, then, once stored, its transpose), keeping PINGPONG's
-                                4-stage ring */
+                                4-stage ring */,
+  ORTHOPT_SYM_WGMMA_COOP_N256 = 11 /* both consumer warpgroups of a CTA on one pair of lower
+                                tiles sharing an operand tile (128×256), each on 64 rows × 256
+                                columns with one wgmma m64n256k16 per step: less shared-memory
+                                traffic per multiply-add than PINGPONG, the epilogue not hidden */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

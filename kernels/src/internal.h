@@ -62,8 +62,8 @@ const char* sym_path_name(orthopt_sym_path path);
 // current device (0 when the query fails).
 int sym_wgmma_pair_clusters();
 // path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
-// ORTHOPT_SYM_WGMMA_PAIR, ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA or
-// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF (the persistent kernels).
+// ORTHOPT_SYM_WGMMA_PAIR, ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
+// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF or ORTHOPT_SYM_WGMMA_COOP_N256 (the persistent kernels).
 orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
                              const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,

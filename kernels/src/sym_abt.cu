@@ -9,7 +9,8 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
-// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf) forces a path for AUTO (experiments, A/B timings).
+// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf, wgmma_coop_n256) forces a path
+// for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
@@ -17,7 +18,7 @@ orthopt_sym_path forced_path() {
     for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF})
+                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256})
       if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();
@@ -27,15 +28,16 @@ orthopt_sym_path forced_path() {
 // The persistent kernel AUTO takes where it takes one (see auto_sym_path for when and why).
 constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
 
-// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1: AUTO takes ping-pong with the register
-// epilogue, the cooperative, pair or wide kernel, or ping-pong with the TMA-store epilogue (two
-// buffers, or one: the default) wherever it takes a persistent kernel (A/B timings of whole NS
-// runs and steps).
+// ORTHOPT_SYM_PERSISTENT=pingpong|coop|coop_n256|pair|wide|tma|tma1: AUTO takes ping-pong with the
+// register epilogue, a cooperative kernel (m64n128 or m64n256 units), the pair or wide kernel, or
+// ping-pong with the TMA-store epilogue (two buffers, or one: the default) wherever it takes a
+// persistent kernel (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
     if (v && std::string_view(v) == "pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     if (v && std::string_view(v) == "coop") return ORTHOPT_SYM_WGMMA_COOP;
+    if (v && std::string_view(v) == "coop_n256") return ORTHOPT_SYM_WGMMA_COOP_N256;
     if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
@@ -61,6 +63,7 @@ const char* sym_path_name(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_WIDE: return "wgmma_wide";
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA: return "wgmma_pingpong_tma";
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF: return "wgmma_pingpong_tma_1buf";
+    case ORTHOPT_SYM_WGMMA_COOP_N256: return "wgmma_coop_n256";
   }
   return "?";
 }
@@ -120,7 +123,7 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
   }
   if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
       path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA ||
-      path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) {
+      path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF || path == ORTHOPT_SYM_WGMMA_COOP_N256) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

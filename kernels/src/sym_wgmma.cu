@@ -1460,6 +1460,152 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   }
 }
 
+// ---- Persistent cooperative kernel with m64n256k16 units (ORTHOPT_SYM_WGMMA_COOP_N256) ----
+// What cuBLAS's and CUTLASS's fastest Hopper GEMMs do: one CTA works on a 128×256 block with
+// both consumer warpgroups at once, each on 64 rows × 256 columns with one m64n256k16 per
+// 16-deep step. Against ping-pong (two m64n128k16 per step on a warpgroup's 128×128 tile) that
+// cuts the shared-memory traffic per multiply-add twice over: the copy engine writes 24 KiB
+// instead of 32 per 128·128·64 (the operand tile is shared by two tiles), and the tensor cores
+// read 5120 operand elements instead of 6144 per 64·256·16 (each B row once per 64 rows, not
+// per 64 rows of each of two tiles). The epilogue cannot hide under another tile's main loop (it
+// is short next to a main loop of k ≥ 2048); the producer loads the next block's first stages
+// meanwhile. The 256 columns are the pair kernel's tile pairs (lower_pair), so that every wave
+// is full where ping-pong's is (4096²: 264 pairs, two waves of 132): a pair of block row i,
+// tiles (i, j1) and (i, j2), is A's rows of block i against B's rows of blocks j1 and j2 (one
+// stage: A's tile and the two B tiles side by side, the 256 rows m64n256k16 reads); a pair down
+// block column 0 is computed transposed (B's block 0 against A's blocks i1 and i2: the mirrors
+// (0, i1), (0, i2), stored in place above the diagonal and mirrored below, as in the wide
+// kernel; C is symmetric by contract). A tile paired with itself is computed twice, stored
+// once. β·C by TMA: the block's two C tiles, loaded once its first stages are queued and both
+// warpgroups have read the previous block's.
+constexpr size_t kCoopN256StageBytes = size_t(3) * kTileBytes;  // first operand's tile, two tiles of the second
+template <bool CTma>
+constexpr int kCoopN256Stages = CTma ? 3 : 4;
+template <bool CTma>
+constexpr size_t coop_n256_smem_bytes() {
+  return 1024 + size_t(kCoopN256Stages<CTma>) * kCoopN256StageBytes + (CTma ? 2 * kCTileBytes : 0) +
+         (2 * kCoopN256Stages<CTma> + 2) * sizeof(uint64_t);
+}
+static_assert(coop_n256_smem_bytes<true>() <= 227 * 1024 && coop_n256_smem_bytes<false>() <= 227 * 1024,
+              "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
+
+// Block n of a CTA: matrix z, the first operand's block row `row` (128 rows; A's, or B's when
+// transposed) against the second operand's block rows col[0], col[1]; second: tile 1 is stored.
+struct CoopPair {
+  int z, row, col[2];
+  bool transposed, second;
+};
+__device__ __forceinline__ CoopPair locate_coop_pair(int64_t n, int64_t pairs_per_mat, int t) {
+  const int64_t item = blockIdx.x + n * gridDim.x;
+  const TilePair pr = lower_pair(item % pairs_per_mat, t);
+  CoopPair u;
+  u.z = static_cast<int>(item / pairs_per_mat);
+  u.transposed = !pr.share_a;
+  u.row = (pr.share_a ? pr.ti[0] : pr.tj[0]) * kBM;
+  for (int b = 0; b < 2; ++b) u.col[b] = (pr.share_a ? pr.tj[b] : pr.ti[b]) * kBM;
+  u.second = pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
+  return u;
+}
+
+template <typename T, bool CTma>
+__global__ void __launch_bounds__(kPpThreads, 1)
+    sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                               const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
+                               T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
+                               int64_t pairs_per_mat, int64_t total_pairs) {
+  constexpr int kS = kCoopN256Stages<CTma>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // CTma: the block's two C tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
+  uint64_t* empty = full + kS;
+  uint64_t* c_full = empty + kS;  // this block's C tiles have landed
+  uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
+  const bool c_by_tma = CTma && C != nullptr;
+  const int t = (m + kBM - 1) / kBM;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int ktiles = (k + kBK - 1) / kBK;
+  const int64_t my_pairs = (total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    mbar_init(c_full, 1);
+    mbar_init(c_empty, 2);
+    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    producer_registers();
+    if (tid == 256) {
+      int64_t g = 0;
+      const int first_stages = ktiles < kS ? ktiles : kS;
+      for (int64_t n = 0; n < my_pairs; ++n) {
+        const CoopPair u = locate_coop_pair(n, pairs_per_mat, t);
+        const CUtensorMap* first = u.transposed ? &map_b : &map_a;
+        const CUtensorMap* second = u.transposed ? &map_a : &map_b;
+        for (int kt = 0; kt < ktiles; ++kt, ++g) {
+          const int s = acquire_stage<kS>(g, full, empty, static_cast<uint32_t>(kCoopN256StageBytes));
+          unsigned char* a = ring + static_cast<size_t>(s) * kCoopN256StageBytes;
+          tma_load(a, first, &full[s], kt * kBK, u.row, u.z);
+          tma_load(a + kTileBytes, second, &full[s], kt * kBK, u.col[0], u.z);
+          tma_load(a + 2 * kTileBytes, second, &full[s], kt * kBK, u.col[1], u.z);
+          if (c_by_tma && kt == first_stages - 1) {
+            if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
+            mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
+            for (int b = 0; b < 2; ++b) {
+              unsigned char* cs = cbuf + b * kCTileBytes;
+              tma_load(cs, &map_c, c_full, u.col[b], u.row, u.z);
+              tma_load(cs + kCTileBytes / 2, &map_c, c_full, u.col[b] + 64, u.row, u.z);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  consumer_registers();
+  const int w = wg, lt = tid % 128;
+  auto release = [&](int s) {
+    if (lt == 0) mbar_arrive(&empty[s]);
+  };
+  int64_t g = 0;
+  for (int64_t n = 0; n < my_pairs; ++n) {
+    const CoopPair u = locate_coop_pair(n, pairs_per_mat, t);
+    float acc[2][64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+    consume_ring<kS>(
+        full, ring, kCoopN256StageBytes, ktiles, g,
+        [&](const unsigned char* a) {
+          // This warpgroup's 64 rows of the first tile; the two second tiles as 256 rows.
+          const uint64_t da = smem_desc(a + w * 64 * kBK * 2), db = smem_desc(a + kTileBytes);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, da + 2 * kk, db + 2 * kk, 1);
+        },
+        release);
+    wgmma_wait<0>();
+    release(static_cast<int>((g - 1) % kS));
+    if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
+    const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
+    T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
+    const int row = u.row + 64 * w;
+    store_half_lower_mirrored<T, kBM, true>(acc[0], c_by_tma ? cbuf : nullptr, 64 * w, Cz, Dz, m, row, u.col[0], alpha,
+                                            beta, diag, u.transposed);
+    if (u.second)
+      store_half_lower_mirrored<T, kBM, true>(acc[1], c_by_tma ? cbuf + kCTileBytes : nullptr, 64 * w, Cz, Dz, m, row,
+                                              u.col[1], alpha, beta, diag, u.transposed);
+    // The warpgroup goes on to its next block together (and, with C, has read its C tiles).
+    named_bar_sync(3 + w, 128);
+    if (c_by_tma && lt == 0) mbar_arrive(c_empty);
+  }
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
 // binaries still load on machines without a driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -1708,6 +1854,30 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
   return ORTHOPT_OK;
 }
 
+// The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
+// pair list.
+template <typename T>
+orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                                int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                                int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                                cudaStream_t stream) {
+  CUtensorMap map_a, map_b, map_c;
+  ORTHOPT_STATUS_TRY(make_map(&map_a, dtype, A, batch, m, k, stride_a));
+  ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
+  bool c_by_tma = false;
+  ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
+  const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
+  auto run = [&](auto c_tma) -> orthopt_status {
+    constexpr bool kCByTma = decltype(c_tma)::value;
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma>>(
+        coop_n256_smem_bytes<kCByTma>(), total, stream, map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
+        static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+  };
+  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
 }  // namespace
 
 int sym_wgmma_pair_clusters() {
@@ -1748,6 +1918,7 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     if (path == ORTHOPT_SYM_WGMMA_PAIR) return run(launch_pair<T>);
     if (path == ORTHOPT_SYM_WGMMA_WIDE) return run(launch_wide<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
+    if (path == ORTHOPT_SYM_WGMMA_COOP_N256) return run(launch_coop_n256<T>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA)
       return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaBuffers=*/2>);

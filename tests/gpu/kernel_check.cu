@@ -1409,10 +1409,11 @@ int main(int argc, char** argv) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                   ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                   ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF}) {
+                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256}) {
       const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
                               path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
-                              path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
+                              path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF ||
+                              path == ORTHOPT_SYM_WGMMA_COOP_N256;
       const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
@@ -1436,14 +1437,17 @@ int main(int argc, char** argv) {
       // and 4 block rows: pairs sharing A and pairs down column 0 with no tile paired with
       // itself (2, 3, 5, 6 and 8 block rows above and below have one). The wide kernel takes the
       // pair kernel's pairs (those down column 0 transposed), 64-row halves of them by turns; at
-      // m = 130 and 136 the second half of the last block row lies wholly past m.
-      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE;
+      // m = 130 and 136 the second half of the last block row lies wholly past m. The
+      // cooperative m64n256 kernel takes the same pairs, both warpgroups on each.
+      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
+                         path == ORTHOPT_SYM_WGMMA_COOP_N256;
       if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
       }
       if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
-      if (path == ORTHOPT_SYM_WGMMA_WIDE) check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
+      if (path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_COOP_N256)
+        check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
