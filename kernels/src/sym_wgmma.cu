@@ -1477,16 +1477,21 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // (0, i1), (0, i2), stored in place above the diagonal and mirrored below, as in the wide
 // kernel; C is symmetric by contract). A tile paired with itself is computed twice, stored
 // once. β·C by TMA: the block's two C tiles, loaded once its first stages are queued and both
-// warpgroups have read the previous block's.
+// warpgroups have read the previous block's. The epilogue: where D can be stored by TMA
+// (TmaStore), through the two C tiles' slots (store_pair_tma), else in registers
+// (store_half_lower_mirrored); the register epilogue's scattered stores cost about 20 µs per
+// block, as long as 4k of main loop (H200, fourteenth session: 16×1536×2048 1.73x ping-pong's
+// time, 8192² 1.04x).
 constexpr size_t kCoopN256StageBytes = size_t(3) * kTileBytes;  // first operand's tile, two tiles of the second
-template <bool CTma>
-constexpr int kCoopN256Stages = CTma ? 3 : 4;
-template <bool CTma>
-constexpr size_t coop_n256_smem_bytes() {
-  return 1024 + size_t(kCoopN256Stages<CTma>) * kCoopN256StageBytes + (CTma ? 2 * kCTileBytes : 0) +
-         (2 * kCoopN256Stages<CTma> + 2) * sizeof(uint64_t);
-}
-static_assert(coop_n256_smem_bytes<true>() <= 227 * 1024 && coop_n256_smem_bytes<false>() <= 227 * 1024,
+// With tile buffers (C by TMA, or the TMA-store epilogue) 3 stages and two 32 KiB buffers, else
+// 4 stages.
+template <bool Buffers>
+struct CoopN256Layout {
+  static constexpr int stages = Buffers ? 3 : 4;
+  static constexpr size_t smem_bytes = 1024 + size_t(stages) * kCoopN256StageBytes + (Buffers ? 2 * kCTileBytes : 0) +
+                                       (2 * stages + 2) * sizeof(uint64_t);
+};
+static_assert(CoopN256Layout<true>::smem_bytes <= 227 * 1024 && CoopN256Layout<false>::smem_bytes <= 227 * 1024,
               "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 
 // Block n of a CTA: matrix z, the first operand's block row `row` (128 rows; A's, or B's when
@@ -1507,17 +1512,69 @@ __device__ __forceinline__ CoopPair locate_coop_pair(int64_t n, int64_t pairs_pe
   return u;
 }
 
-template <typename T, bool CTma>
+// The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
+// (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
+// as in store_tile_tma_one_buffer), rows 64w.. by warpgroup w, so that once both warpgroups have
+// written one thread stores whole tiles; then, once the copy engine has read them, the
+// transposes through the same buffers. Diagonal tiles take the register epilogue (C from their
+// buffer), as in the one-buffer ping-pong. Off the diagonal the tile and its mirror are both
+// stored, so a pair computed transposed needs nothing else. The warpgroups meet at named
+// barrier 1 (256 threads); on return the buffers are free.
+template <typename T>
+__device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c,
+                                               const CUtensorMap* map_d, T* Dz, int m, const CoopPair& u, float alpha,
+                                               float beta, float diag, int w) {
+  unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
+  const bool staged[2] = {u.row != u.col[0], u.second && u.row != u.col[1]};
+  const int h0 = 64 * w;
+  if (staged[0]) tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
+  else store_half_lower_mirrored<T, kBM, true>(acc[0], with_c ? buf[0] : nullptr, h0, nullptr, Dz, m, u.row + h0,
+                                               u.col[0], alpha, beta, diag, u.transposed);
+  if (staged[1]) tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
+  else if (u.second)
+    store_half_lower_mirrored<T, kBM, true>(acc[1], with_c ? buf[1] : nullptr, h0, nullptr, Dz, m, u.row + h0,
+                                            u.col[1], alpha, beta, diag, u.transposed);
+  fence_async_shared();
+  named_bar_sync(1, 256);
+  if (threadIdx.x == 0 && (staged[0] || staged[1])) {
+    for (int b = 0; b < 2; ++b)
+      if (staged[b]) {
+        tma_store(map_d, buf[b], u.col[b], u.row, u.z);
+        tma_store(map_d, buf[b] + kCTileBytes / 2, u.col[b] + 64, u.row, u.z);
+      }
+    bulk_commit();
+    bulk_wait_read();
+  }
+  if (!staged[0] && !staged[1]) return;
+  named_bar_sync(1, 256);  // the engine has read the buffers
+  if (staged[0]) tma_stage_blocks<T, TmaStage::Mirror>(acc[0], h0, buf[0], buf[0], false, alpha, beta);
+  if (staged[1]) tma_stage_blocks<T, TmaStage::Mirror>(acc[1], h0, buf[1], buf[1], false, alpha, beta);
+  fence_async_shared();
+  named_bar_sync(1, 256);
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b)
+      if (staged[b]) {
+        tma_store(map_d, buf[b], u.row, u.col[b], u.z);
+        tma_store(map_d, buf[b] + kCTileBytes / 2, u.row + 64, u.col[b], u.z);
+      }
+    bulk_commit();
+    bulk_wait_read();
+  }
+  named_bar_sync(1, 256);
+}
+
+template <typename T, bool CTma, bool TmaStore>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                               const __grid_constant__ CUtensorMap map_c, const T* __restrict__ C, int64_t stride_c,
-                               T* __restrict__ D, int64_t stride_d, int m, int k, float alpha, float beta, float diag,
-                               int64_t pairs_per_mat, int64_t total_pairs) {
-  constexpr int kS = kCoopN256Stages<CTma>;
+                               const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
+                               const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
+                               int k, float alpha, float beta, float diag, int64_t pairs_per_mat, int64_t total_pairs) {
+  using L = CoopN256Layout<CTma || TmaStore>;
+  constexpr int kS = L::stages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // CTma: the block's two C tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma ? 2 * kCTileBytes : 0));
+  unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // the block's two C tiles, or staged D tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma || TmaStore ? 2 * kCTileBytes : 0));
   uint64_t* empty = full + kS;
   uint64_t* c_full = empty + kS;  // this block's C tiles have landed
   uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
@@ -1594,12 +1651,16 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
     const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
     T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
-    const int row = u.row + 64 * w;
-    store_half_lower_mirrored<T, kBM, true>(acc[0], c_by_tma ? cbuf : nullptr, 64 * w, Cz, Dz, m, row, u.col[0], alpha,
-                                            beta, diag, u.transposed);
-    if (u.second)
-      store_half_lower_mirrored<T, kBM, true>(acc[1], c_by_tma ? cbuf + kCTileBytes : nullptr, 64 * w, Cz, Dz, m, row,
-                                              u.col[1], alpha, beta, diag, u.transposed);
+    if constexpr (TmaStore) {
+      store_pair_tma<T>(acc, cbuf, c_by_tma, &map_d, Dz, m, u, alpha, beta, diag, w);
+    } else {
+      const int row = u.row + 64 * w;
+      store_half_lower_mirrored<T, kBM, true>(acc[0], c_by_tma ? cbuf : nullptr, 64 * w, Cz, Dz, m, row, u.col[0],
+                                              alpha, beta, diag, u.transposed);
+      if (u.second)
+        store_half_lower_mirrored<T, kBM, true>(acc[1], c_by_tma ? cbuf + kCTileBytes : nullptr, 64 * w, Cz, Dz, m,
+                                                row, u.col[1], alpha, beta, diag, u.transposed);
+    }
     // The warpgroup goes on to its next block together (and, with C, has read its C tiles).
     named_bar_sync(3 + w, 128);
     if (c_by_tma && lt == 0) mbar_arrive(c_empty);
@@ -1867,13 +1928,20 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   bool c_by_tma = false;
   ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
   const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
-  auto run = [&](auto c_tma) -> orthopt_status {
-    constexpr bool kCByTma = decltype(c_tma)::value;
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma>>(
-        coop_n256_smem_bytes<kCByTma>(), total, stream, map_a, map_b, map_c, static_cast<const T*>(C), stride_c,
-        static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag, per_matrix, total);
+  CUtensorMap map_d{};
+  const bool tma_store = d_by_tma(D, m, stride_d, C, c_by_tma);
+  if (tma_store) ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
+  auto run = [&](auto c_tma, auto by_tma_store) -> orthopt_status {
+    constexpr bool kCByTma = decltype(c_tma)::value, kTmaStore = decltype(by_tma_store)::value;
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, kTmaStore>>(
+        CoopN256Layout<kCByTma || kTmaStore>::smem_bytes, total, stream, map_a, map_b, map_c, map_d,
+        static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
+        alpha, beta, diag, per_matrix, total);
   };
-  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
+  if (tma_store)
+    ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{}));
+  else
+    ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
