@@ -1516,51 +1516,64 @@ __device__ __forceinline__ CoopPair locate_coop_pair(int64_t n, int64_t pairs_pe
 // (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
 // as in store_tile_tma_one_buffer), rows 64w.. by warpgroup w, so that once both warpgroups have
 // written one thread stores whole tiles; then, once the copy engine has read them, the
-// transposes through the same buffers. Diagonal tiles take the register epilogue (C from their
-// buffer), as in the one-buffer ping-pong. Off the diagonal the tile and its mirror are both
-// stored, so a pair computed transposed needs nothing else. The warpgroups meet at named
-// barrier 1 (256 threads); on return the buffers are free.
+// off-diagonal tiles' transposes through the same buffers. A diagonal tile is staged whole in
+// the first pass (stage_half_tma_diagonal: each warpgroup writes its rows' lower blocks and
+// their transposes above the diagonal, which lie in rows the other warpgroup neither reads nor
+// writes). Off the diagonal the tile and its mirror are both stored, so a pair computed
+// transposed needs nothing else. The warpgroups meet at named barrier 1 (256 threads).
+// wait_last: the storing thread waits until the engine has read the transposes and the
+// warpgroups meet once more, so that the buffers are free on return (C is loaded into them
+// next); otherwise that wait is left to the next block's epilogue (first thing) or the end of
+// the kernel, and the stores run under the next main loop.
 template <typename T>
-__device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c,
-                                               const CUtensorMap* map_d, T* Dz, int m, const CoopPair& u, float alpha,
-                                               float beta, float diag, int w) {
+__device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c, bool wait_last,
+                                               const CUtensorMap* map_d, const CoopPair& u, float alpha, float beta,
+                                               float diag, int w) {
   unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
-  const bool staged[2] = {u.row != u.col[0], u.second && u.row != u.col[1]};
+  const bool present[2] = {true, u.second};
+  const bool on_diag[2] = {u.row == u.col[0], u.row == u.col[1]};
   const int h0 = 64 * w;
-  if (staged[0]) tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
-  else store_half_lower_mirrored<T, kBM, true>(acc[0], with_c ? buf[0] : nullptr, h0, nullptr, Dz, m, u.row + h0,
-                                               u.col[0], alpha, beta, diag, u.transposed);
-  if (staged[1]) tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
-  else if (u.second)
-    store_half_lower_mirrored<T, kBM, true>(acc[1], with_c ? buf[1] : nullptr, h0, nullptr, Dz, m, u.row + h0,
-                                            u.col[1], alpha, beta, diag, u.transposed);
+  if (!wait_last) {  // the previous block's transposes have been read
+    if (threadIdx.x == 0) bulk_wait_read();
+    named_bar_sync(1, 256);
+  }
+  if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
+  else tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
+  if (present[1]) {
+    if (on_diag[1]) stage_half_tma_diagonal<T>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta, diag);
+    else tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
+  }
   fence_async_shared();
   named_bar_sync(1, 256);
-  if (threadIdx.x == 0 && (staged[0] || staged[1])) {
+  const bool mirrors = !on_diag[0] || (present[1] && !on_diag[1]);
+  if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
-      if (staged[b]) {
+      if (present[b]) {
         tma_store(map_d, buf[b], u.col[b], u.row, u.z);
         tma_store(map_d, buf[b] + kCTileBytes / 2, u.col[b] + 64, u.row, u.z);
       }
     bulk_commit();
-    bulk_wait_read();
+    if (mirrors || wait_last) bulk_wait_read();
   }
-  if (!staged[0] && !staged[1]) return;
+  if (!mirrors) {
+    if (wait_last) named_bar_sync(1, 256);
+    return;
+  }
   named_bar_sync(1, 256);  // the engine has read the buffers
-  if (staged[0]) tma_stage_blocks<T, TmaStage::Mirror>(acc[0], h0, buf[0], buf[0], false, alpha, beta);
-  if (staged[1]) tma_stage_blocks<T, TmaStage::Mirror>(acc[1], h0, buf[1], buf[1], false, alpha, beta);
+  if (!on_diag[0]) tma_stage_blocks<T, TmaStage::Mirror>(acc[0], h0, buf[0], buf[0], false, alpha, beta);
+  if (present[1] && !on_diag[1]) tma_stage_blocks<T, TmaStage::Mirror>(acc[1], h0, buf[1], buf[1], false, alpha, beta);
   fence_async_shared();
   named_bar_sync(1, 256);
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
-      if (staged[b]) {
+      if (present[b] && !on_diag[b]) {
         tma_store(map_d, buf[b], u.row, u.col[b], u.z);
         tma_store(map_d, buf[b] + kCTileBytes / 2, u.row + 64, u.col[b], u.z);
       }
     bulk_commit();
-    bulk_wait_read();
+    if (wait_last) bulk_wait_read();
   }
-  named_bar_sync(1, 256);
+  if (wait_last) named_bar_sync(1, 256);
 }
 
 template <typename T, bool CTma, bool TmaStore>
@@ -1652,7 +1665,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
     T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
     if constexpr (TmaStore) {
-      store_pair_tma<T>(acc, cbuf, c_by_tma, &map_d, Dz, m, u, alpha, beta, diag, w);
+      store_pair_tma<T>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
     } else {
       const int row = u.row + 64 * w;
       store_half_lower_mirrored<T, kBM, true>(acc[0], c_by_tma ? cbuf : nullptr, 64 * w, Cz, Dz, m, row, u.col[0],
@@ -1665,6 +1678,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     named_bar_sync(3 + w, 128);
     if (c_by_tma && lt == 0) mbar_arrive(c_empty);
   }
+  // Stores still in flight (the TMA-store epilogue without C) complete before the CTA's shared
+  // memory goes away.
+  if (TmaStore && tid == 0) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
