@@ -56,8 +56,10 @@ typedef enum {
                                 4-stage ring */,
   ORTHOPT_SYM_WGMMA_COOP_N256 = 11 /* both consumer warpgroups of a CTA on one pair of lower
                                 tiles sharing an operand tile (128×256), each on 64 rows × 256
-                                columns with one wgmma m64n256k16 per step: less shared-memory
-                                traffic per multiply-add than PINGPONG, the epilogue not hidden */
+                                columns with one wgmma m64n256k16 per step (less shared-memory
+                                traffic per multiply-add than PINGPONG), the epilogue staged and
+                                stored by TMA, where D can be (as PINGPONG_TMA); PINGPONG
+                                elsewhere; a 3-stage ring of 48 KiB stages */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

@@ -26,21 +26,21 @@ orthopt_sym_path forced_path() {
 }
 
 // The persistent kernel AUTO takes where it takes one (see auto_sym_path for when and why).
-constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
+constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_COOP_N256;
 
-// ORTHOPT_SYM_PERSISTENT=pingpong|coop|coop_n256|pair|wide|tma|tma1: AUTO takes ping-pong with the
-// register epilogue, a cooperative kernel (m64n128 or m64n256 units), the pair or wide kernel, or
-// ping-pong with the TMA-store epilogue (two buffers, or one: the default) wherever it takes a
-// persistent kernel (A/B timings of whole NS runs and steps).
+// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1: AUTO takes ping-pong with the register
+// epilogue, the cooperative m64n128 kernel, the pair or wide kernel, or ping-pong with the
+// TMA-store epilogue (two buffers, or one) instead of the cooperative m64n256 kernel wherever it
+// takes a persistent kernel (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
     if (v && std::string_view(v) == "pingpong") return ORTHOPT_SYM_WGMMA_PINGPONG;
     if (v && std::string_view(v) == "coop") return ORTHOPT_SYM_WGMMA_COOP;
-    if (v && std::string_view(v) == "coop_n256") return ORTHOPT_SYM_WGMMA_COOP_N256;
     if (v && std::string_view(v) == "pair") return ORTHOPT_SYM_WGMMA_PAIR;
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
+    if (v && std::string_view(v) == "tma1") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
     return kAutoPersistent;
   }();
   return p;
@@ -91,6 +91,11 @@ const char* sym_path_name(orthopt_sym_path path) {
 // 0.384 / 0.387, 32×2048×7168 1.603 / 1.584 vs 1.686 / 1.651, 16×1536×2048 0.151 / 0.168 vs
 // 0.171 / 0.171; bench ns 4096² 2.23 vs 2.36 ms, 8192² 18.27 vs 19.00, 32×7168×2048 18.19 vs
 // 18.76. The two-buffer form (3 stages) was slower than ping-pong on every shape from m = 1536.
+// Fourteenth session (2026-12-01, bench/results/2026-12-01-h200-coop-n256.md): AUTO takes the
+// cooperative m64n256 kernel instead, faster on every shape measured, round-robin sym_bench
+// without C / with β·C against the one-buffer ping-pong: 8192² 0.739 / 0.763 ms vs 0.936 /
+// 0.936, 4096² 0.103 / 0.115 vs 0.115 / 0.119, 4096×14336 0.304 / 0.314 vs 0.355 / 0.353,
+// 16×1536×2048 0.142 / 0.160 vs 0.145 / 0.164, 88×2048² 1.146 / 1.298 vs 1.244 / 1.346.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
   if (m >= 4096) return kAutoPersistent;

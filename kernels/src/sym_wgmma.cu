@@ -578,8 +578,10 @@ __device__ __forceinline__ void stmatrix_x1_trans(void* p, uint32_t r) {
 // the mirrored place, a block on it in place below the diagonal and transposed above it (one
 // block, combined in registers), a block above it nowhere (a mirror covers it). A warp reads C
 // only in its own blocks on or below the diagonal, and writes those and blocks wholly above
-// the diagonal, whose C nobody reads: so `in` and `mirror` may be the same buffer.
-template <typename T>
+// the diagonal, whose C nobody reads: so `in` and `mirror` may be the same buffer. Upper: the
+// same with the sides swapped, for a tile computed transposed (its product's upper triangle is
+// the wanted lower one's transpose; the cooperative m64n256 kernel's tile (0, 0)).
+template <typename T, bool Upper = false>
 __device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], int h0, const unsigned char* in,
                                                         unsigned char* mirror, bool with_c, float alpha, float beta,
                                                         float diag) {
@@ -589,7 +591,7 @@ __device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int rb = h0 + 16 * warp + 8 * half, cb = 8 * j;
-      if (rb + 7 < cb) continue;  // wholly above the diagonal
+      if (Upper ? rb > cb + 7 : rb + 7 < cb) continue;  // wholly on the side not kept
       const int r = rb + lane / 4, c = cb + 2 * (lane % 4);
       PairOf<T> cp{};
       if (with_c) cp = c_tile_pair<T>(in, r, c);
@@ -604,11 +606,11 @@ __device__ __forceinline__ void stage_half_tma_diagonal(const float (&acc)[64], 
       // Lane L gives row L % 8 of the one matrix (lanes 8-31: ignored, kept in range).
       if (rb == cb) {
         // The transpose holds element (c + q, r) at the lane's (r, c + q): the block's value is
-        // out below and on the diagonal, the transposed element above it.
+        // out on the kept side and on the diagonal, the transposed element on the other.
         const PairOf<T> t = pair_from_bits<T>(transpose_8x8_b16(pair_bits(out)));
         PairOf<T> sym;
-        sym.v[0] = c <= r ? out.v[0] : t.v[0];
-        sym.v[1] = c + 1 <= r ? out.v[1] : t.v[1];
+        sym.v[0] = (Upper ? c >= r : c <= r) ? out.v[0] : t.v[0];
+        sym.v[1] = (Upper ? c + 1 >= r : c + 1 <= r) ? out.v[1] : t.v[1];
         stmatrix_x1(mirror + c_tile_offset(rb + (lane & 7), cb), pair_bits(sym));
       } else {
         stmatrix_x1(mirror + c_tile_offset(rb + (lane & 7), cb), pair_bits(out));
@@ -1477,22 +1479,16 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // (0, i1), (0, i2), stored in place above the diagonal and mirrored below, as in the wide
 // kernel; C is symmetric by contract). A tile paired with itself is computed twice, stored
 // once. β·C by TMA: the block's two C tiles, loaded once its first stages are queued and both
-// warpgroups have read the previous block's. The epilogue: where D can be stored by TMA
-// (TmaStore), through the two C tiles' slots (store_pair_tma), else in registers
-// (store_half_lower_mirrored); the register epilogue's scattered stores cost about 20 µs per
-// block, as long as 4k of main loop (H200, fourteenth session: 16×1536×2048 1.73x ping-pong's
-// time, 8192² 1.04x).
+// warpgroups have read the previous block's. The epilogue goes through the two C tiles' slots
+// and TMA stores (store_pair_tma), so D must be addressable by TMA (d_by_tma; elsewhere the
+// launcher runs ping-pong). With the register epilogue, as first written, its scattered stores
+// cost about 20 µs per block, as long as 4k of main loop, exposed (H200, fourteenth session:
+// 16×1536×2048 1.73x ping-pong's time).
 constexpr size_t kCoopN256StageBytes = size_t(3) * kTileBytes;  // first operand's tile, two tiles of the second
-// With tile buffers (C by TMA, or the TMA-store epilogue) 3 stages and two 32 KiB buffers, else
-// 4 stages.
-template <bool Buffers>
-struct CoopN256Layout {
-  static constexpr int stages = Buffers ? 3 : 4;
-  static constexpr size_t smem_bytes = 1024 + size_t(stages) * kCoopN256StageBytes + (Buffers ? 2 * kCTileBytes : 0) +
-                                       (2 * stages + 2) * sizeof(uint64_t);
-};
-static_assert(CoopN256Layout<true>::smem_bytes <= 227 * 1024 && CoopN256Layout<false>::smem_bytes <= 227 * 1024,
-              "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
+constexpr int kCoopN256Stages = 3;                              // 3 × 48 KiB and two 32 KiB tile buffers
+constexpr size_t kCoopN256SmemBytes = 1024 + size_t(kCoopN256Stages) * kCoopN256StageBytes + 2 * kCTileBytes +
+                                      (2 * kCoopN256Stages + 2) * sizeof(uint64_t);
+static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 
 // Block n of a CTA: matrix z, the first operand's block row `row` (128 rows; A's, or B's when
 // transposed) against the second operand's block rows col[0], col[1]; second: tile 1 is stored.
@@ -1537,7 +1533,11 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
     if (threadIdx.x == 0) bulk_wait_read();
     named_bar_sync(1, 256);
   }
-  if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
+  // Only tile (0, 0) of a pair computed transposed is on the diagonal and transposed (block
+  // row i's pairs never are); it is tile 0 (the pair (0, 0), (2, 0), or (0, 0) with itself).
+  if (on_diag[0] && u.transposed)
+    stage_half_tma_diagonal<T, true>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
+  else if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
   else tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
   if (present[1]) {
     if (on_diag[1]) stage_half_tma_diagonal<T>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta, diag);
@@ -1576,22 +1576,22 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   if (wait_last) named_bar_sync(1, 256);
 }
 
-template <typename T, bool CTma, bool TmaStore>
+// CTma: C is given (and loaded by TMA, as d_by_tma requires).
+template <typename T, bool CTma>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
-                               const T* __restrict__ C, int64_t stride_c, T* __restrict__ D, int64_t stride_d, int m,
-                               int k, float alpha, float beta, float diag, int64_t pairs_per_mat, int64_t total_pairs) {
-  using L = CoopN256Layout<CTma || TmaStore>;
-  constexpr int kS = L::stages;
+                               int m, int k, float alpha, float beta, float diag, int64_t pairs_per_mat,
+                               int64_t total_pairs) {
+  constexpr int kS = kCoopN256Stages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // the block's two C tiles, or staged D tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + (CTma || TmaStore ? 2 * kCTileBytes : 0));
+  unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // the block's two C tiles, then its staged D tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + 2 * kCTileBytes);
   uint64_t* empty = full + kS;
   uint64_t* c_full = empty + kS;  // this block's C tiles have landed
   uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
-  const bool c_by_tma = CTma && C != nullptr;
+  constexpr bool c_by_tma = CTma;
   const int t = (m + kBM - 1) / kBM;
 
   const int tid = threadIdx.x, wg = tid / 128;
@@ -1662,25 +1662,13 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     wgmma_wait<0>();
     release(static_cast<int>((g - 1) % kS));
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-    const T* Cz = !CTma && C ? C + static_cast<int64_t>(u.z) * stride_c : nullptr;
-    T* Dz = D + static_cast<int64_t>(u.z) * stride_d;
-    if constexpr (TmaStore) {
-      store_pair_tma<T>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
-    } else {
-      const int row = u.row + 64 * w;
-      store_half_lower_mirrored<T, kBM, true>(acc[0], c_by_tma ? cbuf : nullptr, 64 * w, Cz, Dz, m, row, u.col[0],
-                                              alpha, beta, diag, u.transposed);
-      if (u.second)
-        store_half_lower_mirrored<T, kBM, true>(acc[1], c_by_tma ? cbuf + kCTileBytes : nullptr, 64 * w, Cz, Dz, m,
-                                                row, u.col[1], alpha, beta, diag, u.transposed);
-    }
+    store_pair_tma<T>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
     // The warpgroup goes on to its next block together (and, with C, has read its C tiles).
     named_bar_sync(3 + w, 128);
     if (c_by_tma && lt == 0) mbar_arrive(c_empty);
   }
-  // Stores still in flight (the TMA-store epilogue without C) complete before the CTA's shared
-  // memory goes away.
-  if (TmaStore && tid == 0) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  // Stores still in flight (without C) complete before the CTA's shared memory goes away.
+  if (tid == 0) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
@@ -1932,7 +1920,7 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 }
 
 // The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
-// pair list.
+// pair list; ping-pong (register epilogue) where D cannot be stored by TMA.
 template <typename T>
 orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
@@ -1943,21 +1931,19 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
   bool c_by_tma = false;
   ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
+  if (!d_by_tma(D, m, stride_d, C, c_by_tma))
+    return launch_persistent<T, false>(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,
+                                       stride_d, stream);
   const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
-  CUtensorMap map_d{};
-  const bool tma_store = d_by_tma(D, m, stride_d, C, c_by_tma);
-  if (tma_store) ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
-  auto run = [&](auto c_tma, auto by_tma_store) -> orthopt_status {
-    constexpr bool kCByTma = decltype(c_tma)::value, kTmaStore = decltype(by_tma_store)::value;
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, kTmaStore>>(
-        CoopN256Layout<kCByTma || kTmaStore>::smem_bytes, total, stream, map_a, map_b, map_c, map_d,
-        static_cast<const T*>(C), stride_c, static_cast<T*>(D), stride_d, static_cast<int>(m), static_cast<int>(k),
-        alpha, beta, diag, per_matrix, total);
+  CUtensorMap map_d;
+  ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
+  auto run = [&](auto c_tma) -> orthopt_status {
+    constexpr bool kCByTma = decltype(c_tma)::value;
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma>>(
+        kCoopN256SmemBytes, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
+        beta, diag, per_matrix, total);
   };
-  if (tma_store)
-    ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::true_type{}) : run(std::false_type{}, std::true_type{}));
-  else
-    ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}, std::false_type{}) : run(std::false_type{}, std::false_type{}));
+  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }

@@ -1438,7 +1438,8 @@ int main(int argc, char** argv) {
       // itself (2, 3, 5, 6 and 8 block rows above and below have one). The wide kernel takes the
       // pair kernel's pairs (those down column 0 transposed), 64-row halves of them by turns; at
       // m = 130 and 136 the second half of the last block row lies wholly past m. The
-      // cooperative m64n256 kernel takes the same pairs, both warpgroups on each.
+      // cooperative m64n256 kernel takes the same pairs, both warpgroups on each (at m % 8 != 0
+      // it hands over to ping-pong: D cannot be stored by TMA there).
       const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
                          path == ORTHOPT_SYM_WGMMA_COOP_N256;
       if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
