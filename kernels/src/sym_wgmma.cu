@@ -37,8 +37,12 @@
 // staged in shared memory by stmatrix and written by TMA stores (store_tile_tma), in whole
 // 128-byte rows, at the price of a 3-stage ring: 1.2-1.4x slower than ping-pong from m = 1536.
 // A seventh (ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF) does it through one buffer and keeps 4
-// stages: 4-13% faster than ping-pong without C, level to 10% with beta*C, so AUTO takes it
-// (H200, bench/results/2026-12-01-h200-tma-epilogue.md).
+// stages: 4-13% faster than ping-pong without C, level to 10% with beta*C, so AUTO took it
+// (H200, bench/results/2026-12-01-h200-tma-epilogue.md). An eighth
+// (ORTHOPT_SYM_WGMMA_COOP_N256, last) has both warpgroups work on one pair of tiles with one
+// m64n256k16 each per step and stores through shared memory by TMA: its main loop runs at about
+// cuBLAS's dense rate, and it is 0.79-1.02x the seventh's time, so AUTO takes it
+// (bench/results/2026-12-01-h200-coop-n256.md).
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
