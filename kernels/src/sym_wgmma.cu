@@ -1002,6 +1002,21 @@ constexpr size_t coop_smem_bytes() {
          (2 * kCoopStages<CTma> + 2) * sizeof(uint64_t);
 }
 
+// Barriers of the cooperative kernels' ring (both warpgroups consume every stage): full[s] (the
+// producer's arrival plus the bytes), empty[s] (one arrival per consumer warpgroup), c_full (the
+// block's C tiles have landed) and c_empty (both warpgroups have read them).
+template <int Stages>
+__device__ __forceinline__ void init_coop_barriers(uint64_t* full, uint64_t* empty, uint64_t* c_full,
+                                                   uint64_t* c_empty) {
+  for (int s = 0; s < Stages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 2);
+  }
+  mbar_init(c_full, 1);
+  mbar_init(c_empty, 2);
+  ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // Wide tile idx of a matrix, row-major over the rows i of 128×128 blocks, with columns
 // J = 0..i/2 in row i: rows 2p and 2p + 1 each hold p + 1 wide tiles, so row 2p starts at
 // p(p + 1) and row 2p + 1 at (p + 1)².
@@ -1047,15 +1062,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < kStagesC; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
-    }
-    mbar_init(c_full, 1);
-    mbar_init(c_empty, 2);
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) init_coop_barriers<kStagesC>(full, empty, c_full, c_empty);
   __syncthreads();
 
   if (wg == 2) {
@@ -1601,15 +1608,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = (total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < kS; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
-    }
-    mbar_init(c_full, 1);
-    mbar_init(c_empty, 2);
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) init_coop_barriers<kS>(full, empty, c_full, c_empty);
   __syncthreads();
 
   if (wg == 2) {
