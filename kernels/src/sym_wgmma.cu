@@ -1474,7 +1474,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 }
 
 // ---- Persistent cooperative kernel with m64n256k16 units (ORTHOPT_SYM_WGMMA_COOP_N256) ----
-// What cuBLAS's and CUTLASS's fastest Hopper GEMMs do: one CTA works on a 128×256 block with
+// Built as CUTLASS's cooperative Hopper GEMMs are: one CTA works on a 128×256 block with
 // both consumer warpgroups at once, each on 64 rows × 256 columns with one m64n256k16 per
 // 16-deep step. Against ping-pong (two m64n128k16 per step on a warpgroup's 128×128 tile) that
 // cuts the shared-memory traffic per multiply-add twice over: the copy engine writes 24 KiB
