@@ -1199,6 +1199,27 @@ __device__ __forceinline__ TilePair lower_pair(int64_t idx, int t) {
   return pr;
 }
 
+// A pair (item `item` of the flattened batch × pairs list) as the operands' block rows: matrix
+// z, D's rows row .. against the 128 columns col[b] .. of tile b (b = 0, 1), computed from the
+// first operand's rows row .. and the second's rows col[b] ..; transposed: the first operand is
+// B and the second A (a pair down block column 0, its tiles' mirrors). second: tile 1 is stored
+// (a tile paired with itself is computed twice and stored once). row_offset: added to row (the
+// wide kernel's 64-row halves). The wide and the cooperative m64n256 kernels work on these.
+struct PairUnit {
+  int z, row, col[2];
+  bool transposed, second;
+};
+__device__ __forceinline__ PairUnit locate_pair_unit(int64_t item, int64_t pairs_per_mat, int t, int row_offset = 0) {
+  const TilePair pr = lower_pair(item % pairs_per_mat, t);
+  PairUnit u;
+  u.z = static_cast<int>(item / pairs_per_mat);
+  u.transposed = !pr.share_a;
+  u.row = (pr.share_a ? pr.ti[0] : pr.tj[0]) * kBM + row_offset;
+  for (int b = 0; b < 2; ++b) u.col[b] = (pr.share_a ? pr.tj[b] : pr.ti[b]) * kBM;
+  u.second = pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
+  return u;
+}
+
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r = 0;
   ORTHOPT_SM90A_ASM("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -1356,26 +1377,9 @@ constexpr size_t wide_smem_bytes() {
 }
 static_assert(wide_smem_bytes<true>() <= 227 * 1024, "the wide kernel's shared memory exceeds 227 KiB");
 
-// One warpgroup unit of matrix z: D's rows row .. row + 63 against the 128 columns col[b] .. of
-// tile b (b = 0, 1), computed from the first operand's rows row .. and the second's rows
-// col[b] ..; transposed: the first operand is B and the second A (a pair down block column 0,
-// its tiles' mirrors). second: tile 1 is stored (a tile paired with itself is computed twice
-// and stored once).
-struct WideUnit {
-  int z, row, col[2];
-  bool transposed, second;
-};
-__device__ __forceinline__ WideUnit locate_wide(int64_t n, int64_t pairs_per_mat, int t) {
-  const int64_t item = blockIdx.x + (n >> 1) * gridDim.x;
-  const int h = static_cast<int>(n & 1);
-  const TilePair pr = lower_pair(item % pairs_per_mat, t);
-  WideUnit u;
-  u.z = static_cast<int>(item / pairs_per_mat);
-  u.transposed = !pr.share_a;
-  u.row = (pr.share_a ? pr.ti[0] : pr.tj[0]) * kBM + kWideRows * h;
-  for (int b = 0; b < 2; ++b) u.col[b] = (pr.share_a ? pr.tj[b] : pr.ti[b]) * kBM;
-  u.second = pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
-  return u;
+// One warpgroup unit: the 64-row half n mod 2 of the CTA's pair n / 2.
+__device__ __forceinline__ PairUnit locate_wide(int64_t n, int64_t pairs_per_mat, int t) {
+  return locate_pair_unit(blockIdx.x + (n >> 1) * gridDim.x, pairs_per_mat, t, kWideRows * static_cast<int>(n & 1));
 }
 
 // map_a, map_b: boxes of 64 rows; map_a_tiles, map_b_tiles: 128 rows (the 256 columns' operand
@@ -1406,7 +1410,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (tid == 256) {
       int64_t g = 0;
       for (int64_t n = 0; n < my_units; ++n) {
-        const WideUnit u = locate_wide(n, pairs_per_mat, t);
+        const PairUnit u = locate_wide(n, pairs_per_mat, t);
         // The second half of a ragged last block row can lie wholly past m, a box outside the
         // tensor. Its rows are never stored, so any rows in bounds do (row 0).
         const int row = u.row < m ? u.row : 0;
@@ -1434,7 +1438,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   consumer_registers();
   const int w = wg, lt = tid % 128;
   for (int64_t n = w; n < my_units; n += 2) {
-    const WideUnit u = locate_wide(n, pairs_per_mat, t);
+    const PairUnit u = locate_wide(n, pairs_per_mat, t);
     // As in ping-pong: the other warpgroup has issued the last wgmma of unit n - 1.
     if (n > 0) named_bar_sync(1 + w, 256);
     float acc[2][64];
@@ -1501,24 +1505,6 @@ constexpr size_t kCoopN256SmemBytes = 1024 + size_t(kCoopN256Stages) * kCoopN256
                                       (2 * kCoopN256Stages + 2) * sizeof(uint64_t);
 static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 
-// Block n of a CTA: matrix z, the first operand's block row `row` (128 rows; A's, or B's when
-// transposed) against the second operand's block rows col[0], col[1]; second: tile 1 is stored.
-struct CoopPair {
-  int z, row, col[2];
-  bool transposed, second;
-};
-__device__ __forceinline__ CoopPair locate_coop_pair(int64_t n, int64_t pairs_per_mat, int t) {
-  const int64_t item = blockIdx.x + n * gridDim.x;
-  const TilePair pr = lower_pair(item % pairs_per_mat, t);
-  CoopPair u;
-  u.z = static_cast<int>(item / pairs_per_mat);
-  u.transposed = !pr.share_a;
-  u.row = (pr.share_a ? pr.ti[0] : pr.tj[0]) * kBM;
-  for (int b = 0; b < 2; ++b) u.col[b] = (pr.share_a ? pr.tj[b] : pr.ti[b]) * kBM;
-  u.second = pr.ti[0] != pr.ti[1] || pr.tj[0] != pr.tj[1];
-  return u;
-}
-
 // The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
 // (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
 // as in store_tile_tma_one_buffer), rows 64w.. by warpgroup w, so that once both warpgroups have
@@ -1534,7 +1520,7 @@ __device__ __forceinline__ CoopPair locate_coop_pair(int64_t n, int64_t pairs_pe
 // the kernel, and the stores run under the next main loop.
 template <typename T>
 __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c, bool wait_last,
-                                               const CUtensorMap* map_d, const CoopPair& u, float alpha, float beta,
+                                               const CUtensorMap* map_d, const PairUnit& u, float alpha, float beta,
                                                float diag, int w) {
   unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
   const bool present[2] = {true, u.second};
@@ -1617,7 +1603,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       int64_t g = 0;
       const int first_stages = ktiles < kS ? ktiles : kS;
       for (int64_t n = 0; n < my_pairs; ++n) {
-        const CoopPair u = locate_coop_pair(n, pairs_per_mat, t);
+        const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
         const CUtensorMap* first = u.transposed ? &map_b : &map_a;
         const CUtensorMap* second = u.transposed ? &map_a : &map_b;
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
@@ -1648,7 +1634,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   };
   int64_t g = 0;
   for (int64_t n = 0; n < my_pairs; ++n) {
-    const CoopPair u = locate_coop_pair(n, pairs_per_mat, t);
+    const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
     float acc[2][64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
