@@ -422,6 +422,13 @@ template <typename T, int BoxRows = kBM>
 __device__ __forceinline__ PairOf<T> c_tile_pair(const unsigned char* cs, int r, int c) {
   return *reinterpret_cast<const PairOf<T>*>(cs + c_tile_offset<BoxRows>(r, c));
 }
+// TMA store of a staged 128×128 tile (two boxes of 128 rows, the layout above) to D's rows r0..,
+// columns c0.. of matrix z, in the thread's current bulk group.
+__device__ __forceinline__ void tma_store_tile(const CUtensorMap* map_d, const unsigned char* buf, int c0, int r0,
+                                               int z) {
+  tma_store(map_d, buf, c0, r0, z);
+  tma_store(map_d, buf + kCTileBytes / 2, c0 + 64, r0, z);
+}
 
 // The epilogue of 64 rows × 128 columns of a lower tile held by a warpgroup (one wgmma m64n128
 // accumulator; row0, col0: the global position of its first element), per 8×8 accumulator block
@@ -652,12 +659,8 @@ __device__ __forceinline__ void store_tile_tma(float (&acc0)[64], float (&acc1)[
   fence_async_shared();  // this thread's writes, visible to the copy engine
   named_bar_sync(3 + w, 128);
   if (threadIdx.x % 128 == 0) {
-    if (!on_diag) {
-      tma_store(map_d, in, col0, row0, z);
-      tma_store(map_d, in + kCTileBytes / 2, col0 + 64, row0, z);
-    }
-    tma_store(map_d, mirror, on_diag ? col0 : row0, on_diag ? row0 : col0, z);
-    tma_store(map_d, mirror + kCTileBytes / 2, (on_diag ? col0 : row0) + 64, on_diag ? row0 : col0, z);
+    if (!on_diag) tma_store_tile(map_d, in, col0, row0, z);
+    tma_store_tile(map_d, mirror, on_diag ? col0 : row0, on_diag ? row0 : col0, z);
     bulk_commit();
     bulk_wait_read();
   }
@@ -676,8 +679,7 @@ __device__ __forceinline__ void tma_store_buffer(const CUtensorMap* map_d, const
   fence_async_shared();
   named_bar_sync(3 + w, 128);
   if (threadIdx.x % 128 == 0) {
-    tma_store(map_d, buf, c0, r0, z);
-    tma_store(map_d, buf + kCTileBytes / 2, c0 + 64, r0, z);
+    tma_store_tile(map_d, buf, c0, r0, z);
     bulk_commit();
     bulk_wait_read();
   }
@@ -1545,10 +1547,7 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   const bool mirrors = !on_diag[0] || (present[1] && !on_diag[1]);
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
-      if (present[b]) {
-        tma_store(map_d, buf[b], u.col[b], u.row, u.z);
-        tma_store(map_d, buf[b] + kCTileBytes / 2, u.col[b] + 64, u.row, u.z);
-      }
+      if (present[b]) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
     bulk_commit();
     if (mirrors || wait_last) bulk_wait_read();
   }
@@ -1563,10 +1562,7 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   named_bar_sync(1, 256);
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
-      if (present[b] && !on_diag[b]) {
-        tma_store(map_d, buf[b], u.row, u.col[b], u.z);
-        tma_store(map_d, buf[b] + kCTileBytes / 2, u.row + 64, u.col[b], u.z);
-      }
+      if (present[b] && !on_diag[b]) tma_store_tile(map_d, buf[b], u.row, u.col[b], u.z);
     bulk_commit();
     if (wait_last) bulk_wait_read();
   }
