@@ -429,6 +429,13 @@ __device__ __forceinline__ void tma_store_tile(const CUtensorMap* map_d, const u
   tma_store(map_d, buf, c0, r0, z);
   tma_store(map_d, buf + kCTileBytes / 2, c0 + 64, r0, z);
 }
+// TMA load of C's 128×128 tile at rows r0.., columns c0.. of matrix z into `buf` in that layout,
+// completing on `bar`.
+__device__ __forceinline__ void tma_load_tile(unsigned char* buf, const CUtensorMap* map_c, uint64_t* bar, int c0,
+                                              int r0, int z) {
+  tma_load(buf, map_c, bar, c0, r0, z);
+  tma_load(buf + kCTileBytes / 2, map_c, bar, c0 + 64, r0, z);
+}
 
 // The epilogue of 64 rows × 128 columns of a lower tile held by a warpgroup (one wgmma m64n128
 // accumulator; row0, col0: the global position of its first element), per 8×8 accumulator block
@@ -817,9 +824,7 @@ __device__ __forceinline__ void release_c_buffer(int w, uint64_t* c_empty) {
 __device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, const CUtensorMap* map_c, uint64_t* c_full,
                                             uint64_t* c_empty, int row0, int col0, int z) {
   const int w = acquire_c_buffer(n, c_full, c_empty, static_cast<uint32_t>(kCTileBytes));
-  unsigned char* cs = cbuf + w * kCTileBytes;
-  tma_load(cs, map_c, &c_full[w], col0, row0, z);
-  tma_load(cs + kCTileBytes / 2, map_c, &c_full[w], col0 + 64, row0, z);
+  tma_load_tile(cbuf + w * kCTileBytes, map_c, &c_full[w], col0, row0, z);
 }
 
 // What the persistent kernels' epilogue stores: everything (the product), or, as a timing probe
@@ -1087,11 +1092,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           if (c_by_tma && kt == first_stages - 1) {
             if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
             mbar_expect_tx(c_full, static_cast<uint32_t>((second ? 2 : 1) * kCTileBytes));
-            for (int w = 0; w < (second ? 2 : 1); ++w) {
-              unsigned char* cs = cbuf + w * kCTileBytes;
-              tma_load(cs, &map_c, c_full, col0 + w * kBM, row0, z);
-              tma_load(cs + kCTileBytes / 2, &map_c, c_full, col0 + w * kBM + 64, row0, z);
-            }
+            for (int w = 0; w < (second ? 2 : 1); ++w)
+              tma_load_tile(cbuf + w * kCTileBytes, &map_c, c_full, col0 + w * kBM, row0, z);
           }
         }
       }
@@ -1611,11 +1613,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           if (c_by_tma && kt == first_stages - 1) {
             if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
             mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
-            for (int b = 0; b < 2; ++b) {
-              unsigned char* cs = cbuf + b * kCTileBytes;
-              tma_load(cs, &map_c, c_full, u.col[b], u.row, u.z);
-              tma_load(cs + kCTileBytes / 2, &map_c, c_full, u.col[b] + 64, u.row, u.z);
-            }
+            for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
           }
         }
       }
