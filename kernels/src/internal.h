@@ -58,6 +58,9 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               cudaStream_t stream);
 // A path's name, as ORTHOPT_SYM_PATH takes it and the benchmarks print it ("auto" for AUTO).
 const char* sym_path_name(orthopt_sym_path path);
+// Whether the path is one of the Hopper wgmma kernels (sym_abt_wgmma; all but ORTHOPT_SYM_WGMMA
+// are persistent).
+bool is_wgmma_path(orthopt_sym_path path);
 // Clusters of two CTAs of the pair kernel (bf16, without C by TMA) that fit at once on the
 // current device (0 when the query fails).
 int sym_wgmma_pair_clusters();

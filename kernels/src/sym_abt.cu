@@ -68,6 +68,24 @@ const char* sym_path_name(orthopt_sym_path path) {
   return "?";
 }
 
+bool is_wgmma_path(orthopt_sym_path path) {
+  switch (path) {
+    case ORTHOPT_SYM_WGMMA:
+    case ORTHOPT_SYM_WGMMA_PINGPONG:
+    case ORTHOPT_SYM_WGMMA_COOP:
+    case ORTHOPT_SYM_WGMMA_PAIR:
+    case ORTHOPT_SYM_WGMMA_WIDE:
+    case ORTHOPT_SYM_WGMMA_PINGPONG_TMA:
+    case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF:
+    case ORTHOPT_SYM_WGMMA_COOP_N256: return true;
+    case ORTHOPT_SYM_AUTO:
+    case ORTHOPT_SYM_BLOCKS:
+    case ORTHOPT_SYM_NATIVE:
+    case ORTHOPT_SYM_DENSE: return false;
+  }
+  return false;
+}
+
 // Measured on an H200 (2026-12-01, bench/results/2026-12-01-h200-sym-products.md; dense cuBLAS,
 // cuBLASLt, blocks, native and both wgmma kernels in one run): the persistent ping-pong kernel
 // is the fastest path from m = 4096 (4096² 0.128 ms vs 0.137 one-tile-per-CTA, 0.178 cuBLASLt;
@@ -126,9 +144,7 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
     path = auto_sym_path(batch, m, k);
     if (path == kAutoPersistent) path = persistent_override();
   }
-  if (path == ORTHOPT_SYM_WGMMA || path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
-      path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA ||
-      path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF || path == ORTHOPT_SYM_WGMMA_COOP_N256) {
+  if (is_wgmma_path(path)) {
     const char* why = "";
     if (wgmma_supported(k, A, stride_a, B, stride_b, &why))
       return sym_abt_wgmma(dtype, path, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,

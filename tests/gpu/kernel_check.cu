@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "orthopt_kernels.h"
-#include "../../kernels/src/internal.h"  // sym_path_name
+#include "../../kernels/src/internal.h"  // sym_path_name, is_wgmma_path
 
 namespace {
 
@@ -1410,11 +1410,8 @@ int main(int argc, char** argv) {
                                   ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                   ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
                                   ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256}) {
-      const bool persistent = path == ORTHOPT_SYM_WGMMA_PINGPONG || path == ORTHOPT_SYM_WGMMA_COOP ||
-                              path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
-                              path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA || path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF ||
-                              path == ORTHOPT_SYM_WGMMA_COOP_N256;
-      const bool hopper_only = path == ORTHOPT_SYM_WGMMA || persistent;
+      const bool hopper_only = orthopt_k::is_wgmma_path(path);
+      const bool persistent = hopper_only && path != ORTHOPT_SYM_WGMMA;
       if (hopper_only && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
