@@ -186,6 +186,45 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
   return 0;
 }
 
+// Where the cooperative m64n256 kernel's time goes (SYM_BENCH_N256=2), round-robin, bf16, no C
+// unless said: the product, then its probes (sym_abt_wgmma_epilogue_probe, D wrong): the
+// in-place tiles only (no transposes), every tile staged in shared memory but no TMA store, the
+// main loop alone (wgmmas, no epilogue), the operand loads alone. full − stage only: what the
+// copy engine's stores and their waits add; stage only − main loop: staging and the warpgroups'
+// meetings; main loop − loads only: what the tensor cores add to the operand stream.
+int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
+  std::printf("| batch×m×k | dense cuBLAS ms | n256 | n256 +β·C | n256 in-place only | n256 stage only | n256 main loop "
+              "| n256 loads only | full − stage only | stage only − main loop | main loop − loads only |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const Operands ops(s, /*with_c=*/true);
+    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
+    auto dense = [&] { ops.dense(h, s); };
+    auto full = [&](bool with_c) {
+      return [&, with_c] {
+        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
+                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, ORTHOPT_SYM_WGMMA_COOP_N256, nullptr));
+      };
+    };
+    auto probe = [&](int stores) {
+      return [&, stores] {
+        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(ORTHOPT_SYM_WGMMA_COOP_N256, stores, s.batch, s.m, s.k, A,
+                                                   s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f, D,
+                                                   s.m * s.m, nullptr));
+      };
+    };
+    const std::vector<double> t =
+        interleaved_median_ms({dense, full(false), full(true), probe(1), probe(3), probe(4), probe(2)}, 3, repeats);
+    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n",
+                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6],
+                t[1] - t[4], t[4] - t[5], t[5] - t[6]);
+  }
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5. The probe "
+              "columns leave D wrong (timing only).\n",
+              repeats);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,8 +246,11 @@ int main(int argc, char** argv) {
   if (const char* probe = std::getenv("SYM_BENCH_EPILOGUE"); probe && std::string(probe) == "1")
     return epilogue_probe(h, shapes, repeats);
   // SYM_BENCH_N256=1: only the cooperative m64n256 kernel's table.
+  // SYM_BENCH_N256=2: where its time goes (its probes).
   if (const char* n256 = std::getenv("SYM_BENCH_N256"); n256 && std::string(n256) == "1")
     return coop_n256_table(h, shapes, repeats);
+  else if (n256 && std::string(n256) == "2")
+    return coop_n256_probe_table(h, shapes, repeats);
   std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | coop n256 | coop n256 +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {

@@ -71,12 +71,14 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
                              const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
                              cudaStream_t stream);
-// A timing probe of the persistent kernels' epilogue (bf16; path WGMMA_PINGPONG or WGMMA_COOP),
-// for bench/gpu/sym_bench.cu only: stores = 0 the product as sym_abt_wgmma computes it, 1 only
-// the in-place half of each tile (no mirrored stores), 2 no stores at all, and then ptxas drops
-// the wgmmas whose accumulators nobody reads (Nsight Compute, H200: the tensor pipe idle, SM
-// busy 8% against 82%), so 2 times the operand loads through the ring alone. With 1 or 2 D is
-// WRONG: timing only.
+// A timing probe of the persistent kernels' epilogue (bf16; path WGMMA_PINGPONG, WGMMA_COOP or
+// WGMMA_COOP_N256), for bench/gpu/sym_bench.cu only: stores = 0 the product as sym_abt_wgmma
+// computes it, 1 only the in-place half of each tile (no mirrored stores), 2 no stores at all,
+// and then ptxas drops the wgmmas whose accumulators nobody reads (Nsight Compute, H200: the
+// tensor pipe idle, SM busy 8% against 82%), so 2 times the operand loads through the ring
+// alone. WGMMA_COOP_N256 only (C = NULL): 3 the tiles staged in shared memory as for 0 but no
+// TMA store issued, 4 the main loop alone (wgmmas kept, no epilogue). With 1 to 4 D is WRONG:
+// timing only.
 orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, int64_t batch, int64_t m, int64_t k,
                                             const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                             float alpha, const void* C, int64_t stride_c, float beta, float diag,

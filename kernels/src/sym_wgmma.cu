@@ -831,7 +831,11 @@ __device__ __forceinline__ void load_c_tile(int64_t n, unsigned char* cbuf, cons
 // that leaves D wrong (bench/gpu/sym_bench.cu, SYM_BENCH_EPILOGUE=1), only the in-place half of
 // each tile, or nothing: then ptxas also drops the wgmmas whose results nobody reads (seen with
 // Nsight Compute: tensor pipe idle), so LoadsOnly times the operand loads through the ring.
-enum class EpilogueProbe { Full, InPlace, LoadsOnly };
+// Two more for the cooperative m64n256 kernel only (SYM_BENCH_N256=2): StageOnly stages every
+// tile through shared memory as Full does but issues no TMA store (the staging and the
+// warpgroups' meetings without the copy engine's work and waits), MainLoop skips the epilogue
+// unless α = 0, which the probe never passes, so that the wgmmas stay (the main loop alone).
+enum class EpilogueProbe { Full, InPlace, LoadsOnly, StageOnly, MainLoop };
 
 // Consumer warpgroup w: the epilogue of its tile n at (row0, col0) of matrix z, with C from its
 // TMA buffer (c_by_tma), from global memory (C without CTma) or none; store = false skips the
@@ -1522,7 +1526,8 @@ static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel'
 // warpgroups meet once more, so that the buffers are free on return (C is loaded into them
 // next); otherwise that wait is left to the next block's epilogue (first thing) or the end of
 // the kernel, and the stores run under the next main loop.
-template <typename T>
+// Epi: Full; or a timing probe (InPlace: no transposes; StageOnly: no TMA stores).
+template <typename T, EpilogueProbe Epi = EpilogueProbe::Full>
 __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c, bool wait_last,
                                                const CUtensorMap* map_d, const PairUnit& u, float alpha, float beta,
                                                float diag, int w) {
@@ -1546,10 +1551,11 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   }
   fence_async_shared();
   named_bar_sync(1, 256);
-  const bool mirrors = !on_diag[0] || (present[1] && !on_diag[1]);
+  const bool mirrors = Epi != EpilogueProbe::InPlace && (!on_diag[0] || (present[1] && !on_diag[1]));
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b)
-      if (present[b]) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
+    if constexpr (Epi != EpilogueProbe::StageOnly)
+      for (int b = 0; b < 2; ++b)
+        if (present[b]) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
     bulk_commit();
     if (mirrors || wait_last) bulk_wait_read();
   }
@@ -1563,16 +1569,18 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   fence_async_shared();
   named_bar_sync(1, 256);
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b)
-      if (present[b] && !on_diag[b]) tma_store_tile(map_d, buf[b], u.row, u.col[b], u.z);
+    if constexpr (Epi != EpilogueProbe::StageOnly)
+      for (int b = 0; b < 2; ++b)
+        if (present[b] && !on_diag[b]) tma_store_tile(map_d, buf[b], u.row, u.col[b], u.z);
     bulk_commit();
     if (wait_last) bulk_wait_read();
   }
   if (wait_last) named_bar_sync(1, 256);
 }
 
-// CTma: C is given (and loaded by TMA, as d_by_tma requires).
-template <typename T, bool CTma>
+// CTma: C is given (and loaded by TMA, as d_by_tma requires). Epi: Full, or a timing probe
+// (EpilogueProbe; without C only).
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
@@ -1645,7 +1653,11 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     wgmma_wait<0>();
     release(static_cast<int>((g - 1) % kS));
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-    store_pair_tma<T>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
+    if constexpr (Epi == EpilogueProbe::MainLoop) {
+      if (alpha == 0.0f) store_pair_tma<T>(acc, cbuf, c_by_tma, c_by_tma, &map_d, u, alpha, beta, diag, w);
+    } else if constexpr (Epi != EpilogueProbe::LoadsOnly) {
+      store_pair_tma<T, Epi>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
+    }
     // The warpgroup goes on to its next block together (and, with C, has read its C tiles).
     named_bar_sync(3 + w, 128);
     if (c_by_tma && lt == 0) mbar_arrive(c_empty);
@@ -1903,8 +1915,9 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 }
 
 // The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
-// pair list; ping-pong (register epilogue) where D cannot be stored by TMA.
-template <typename T>
+// pair list; ping-pong (register epilogue) where D cannot be stored by TMA. Epi: a timing probe
+// (without C) or the product.
+template <typename T, EpilogueProbe Epi = EpilogueProbe::Full>
 orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                 int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1914,19 +1927,25 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_b, dtype, B, batch, m, k, stride_b));
   bool c_by_tma = false;
   ORTHOPT_STATUS_TRY(make_c_map(&map_c, &c_by_tma, dtype, C, batch, m, stride_c));
-  if (!d_by_tma(D, m, stride_d, C, c_by_tma))
+  constexpr bool kProbe = Epi != EpilogueProbe::Full;
+  if (kProbe && C)
+    return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: the m64n256 kernel's probes take no C");
+  if (!d_by_tma(D, m, stride_d, C, c_by_tma)) {
+    if (kProbe) return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: D is not addressable by TMA");
     return launch_persistent<T, false>(dtype, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D,
                                        stride_d, stream);
+  }
   const int64_t per_matrix = pairs_per_matrix((m + kBM - 1) / kBM), total = per_matrix * batch;
   CUtensorMap map_d;
   ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma>>(
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi>>(
         kCoopN256SmemBytes, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
         beta, diag, per_matrix, total);
   };
-  ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
+  if constexpr (kProbe) ORTHOPT_STATUS_TRY(run(std::false_type{}));  // no C-by-TMA instance of the probes
+  else ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }
@@ -1986,13 +2005,24 @@ orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, i
                                             const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                             float alpha, const void* C, int64_t stride_c, float beta, float diag,
                                             void* D, int64_t stride_d, cudaStream_t stream) {
-  if (path != ORTHOPT_SYM_WGMMA_PINGPONG && path != ORTHOPT_SYM_WGMMA_COOP)
-    return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: path must be WGMMA_PINGPONG or WGMMA_COOP");
+  if (path != ORTHOPT_SYM_WGMMA_PINGPONG && path != ORTHOPT_SYM_WGMMA_COOP && path != ORTHOPT_SYM_WGMMA_COOP_N256)
+    return fail(ORTHOPT_ERR_INVALID,
+                "sym_abt_wgmma_epilogue_probe: path must be WGMMA_PINGPONG, WGMMA_COOP or WGMMA_COOP_N256");
   using T = __nv_bfloat16;
   auto run = [&](auto launcher) {
     return launcher(ORTHOPT_BF16, batch, m, k, A, stride_a, B, stride_b, alpha, C, stride_c, beta, diag, D, stride_d,
                     stream);
   };
+  if (path == ORTHOPT_SYM_WGMMA_COOP_N256) {
+    switch (stores) {
+      case 0: return run(launch_coop_n256<T>);
+      case 1: return run(launch_coop_n256<T, EpilogueProbe::InPlace>);
+      case 2: return run(launch_coop_n256<T, EpilogueProbe::LoadsOnly>);
+      case 3: return run(launch_coop_n256<T, EpilogueProbe::StageOnly>);
+      case 4: return run(launch_coop_n256<T, EpilogueProbe::MainLoop>);
+      default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0 to 4 for WGMMA_COOP_N256");
+    }
+  }
   const bool coop = path == ORTHOPT_SYM_WGMMA_COOP;
   switch (stores) {
     case 0: return coop ? run(launch_persistent<T, true>) : run(launch_persistent<T, false>);
