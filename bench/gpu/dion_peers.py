@@ -176,10 +176,12 @@ def main():
     if args.recompile_limit is not None:
         if args.recompile_limit < 1:
             sys.exit("argument --recompile-limit: must be >= 1")
-        import torch._dynamo
+        # Imported under its own name: `import torch._dynamo` here would make `torch` a local
+        # name of main() and break every later use of it when the option is not given.
+        import torch._dynamo as dynamo
         # torch >= 2.6 names it recompile_limit; older releases cache_size_limit.
-        name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-        setattr(torch._dynamo.config, name, args.recompile_limit)
+        name = "recompile_limit" if hasattr(dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(dynamo.config, name, args.recompile_limit)
     sys.path.insert(0, args.dion)
     import dion
     from dion.newton_schulz_triton import newton_schulz_triton, ns_line_1, ns_line_2
