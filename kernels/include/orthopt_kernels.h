@@ -59,11 +59,7 @@ typedef enum {
                                 columns with one wgmma m64n256k16 per step (less shared-memory
                                 traffic per multiply-add than PINGPONG), the epilogue staged and
                                 stored by TMA, where D can be (as PINGPONG_TMA); PINGPONG
-                                elsewhere; a 3-stage ring of 48 KiB stages */,
-  ORTHOPT_SYM_WGMMA_COOP_N256_STORERS = 12 /* COOP_N256 with the epilogue's TMA stores and
-                                transposes done by three otherwise idle warps of the producer
-                                warpgroup: the consumer warpgroups only stage the two tiles
-                                and go on to their next block */
+                                elsewhere; a 3-stage ring of 48 KiB stages */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

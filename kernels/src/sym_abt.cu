@@ -9,8 +9,7 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
-// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf, wgmma_coop_n256,
-// wgmma_coop_n256_storers) forces a path
+// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf, wgmma_coop_n256) forces a path
 // for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
@@ -19,8 +18,7 @@ orthopt_sym_path forced_path() {
     for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256,
-                               ORTHOPT_SYM_WGMMA_COOP_N256_STORERS})
+                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256})
       if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();
@@ -30,11 +28,10 @@ orthopt_sym_path forced_path() {
 // The persistent kernel AUTO takes where it takes one (see auto_sym_path for when and why).
 constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_COOP_N256;
 
-// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1|n256|storers: AUTO takes ping-pong with
-// the register epilogue, the cooperative m64n128 kernel, the pair or wide kernel, ping-pong with
-// the TMA-store epilogue (two buffers, or one), the cooperative m64n256 kernel with its own
-// epilogue or with the storer warps' instead of kAutoPersistent wherever it takes a persistent
-// kernel (A/B timings of whole NS runs and steps).
+// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1: AUTO takes ping-pong with the register
+// epilogue, the cooperative m64n128 kernel, the pair or wide kernel, or ping-pong with the
+// TMA-store epilogue (two buffers, or one) instead of the cooperative m64n256 kernel wherever it
+// takes a persistent kernel (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
@@ -44,8 +41,6 @@ orthopt_sym_path persistent_override() {
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
     if (v && std::string_view(v) == "tma1") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
-    if (v && std::string_view(v) == "n256") return ORTHOPT_SYM_WGMMA_COOP_N256;
-    if (v && std::string_view(v) == "storers") return ORTHOPT_SYM_WGMMA_COOP_N256_STORERS;
     return kAutoPersistent;
   }();
   return p;
@@ -69,7 +64,6 @@ const char* sym_path_name(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA: return "wgmma_pingpong_tma";
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF: return "wgmma_pingpong_tma_1buf";
     case ORTHOPT_SYM_WGMMA_COOP_N256: return "wgmma_coop_n256";
-    case ORTHOPT_SYM_WGMMA_COOP_N256_STORERS: return "wgmma_coop_n256_storers";
   }
   return "?";
 }
@@ -83,8 +77,7 @@ bool is_wgmma_path(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_WIDE:
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA:
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF:
-    case ORTHOPT_SYM_WGMMA_COOP_N256:
-    case ORTHOPT_SYM_WGMMA_COOP_N256_STORERS: return true;
+    case ORTHOPT_SYM_WGMMA_COOP_N256: return true;
     case ORTHOPT_SYM_AUTO:
     case ORTHOPT_SYM_BLOCKS:
     case ORTHOPT_SYM_NATIVE:

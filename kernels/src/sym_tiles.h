@@ -70,37 +70,6 @@ __host__ __device__ __forceinline__ int tma_mirror_offset(const TmaStageLane& l,
   return l.mirror_base + jj * 2048;
 }
 
-// The in-place transpose of a staged tile by the storer warps of the cooperative m64n256 kernel
-// (ORTHOPT_SYM_WGMMA_COOP_N256_STORERS). The tile's 16 × 16 blocks of 8×8 as 128 units of two
-// blocks: the 120 pairs (R, C), (C, R) with R < C, then the 8 pairs of diagonal blocks (2d, 2d),
-// (2d + 1, 2d + 1). Group g (0..63), units 2g and 2g + 1, is one ldmatrix x4 and one stmatrix
-// x4 .trans: lane L gives row L % 8 of matrix L / 8, the source block's row (src) and the row of
-// the block it goes to (dst: its pair's other block, or itself on the diagonal), byte offsets
-// (c_tile_offset). Stored transposed there, element (r, c) lands at (c, r); each group reads its
-// blocks before it writes them, and no two groups share a block. tests/gpu/tile_layout_check.cu
-// checks it.
-struct TransposeLane {
-  int src, dst;
-};
-__host__ __device__ __forceinline__ TransposeLane tile_transpose_lane(int group, int lane) {
-  const int matrix = lane >> 3, row = lane & 7;
-  const int unit = 2 * group + (matrix >> 1), second = matrix & 1;
-  int br, bc;  // the source block
-  if (unit < 120) {
-    int r = 0, rest = unit;  // pair `unit` in row-major order over R < C
-    while (rest >= 15 - r) {
-      rest -= 15 - r;
-      ++r;
-    }
-    const int c = r + 1 + rest;
-    br = second ? c : r;
-    bc = second ? r : c;
-  } else {
-    br = bc = 2 * (unit - 120) + second;
-  }
-  return {c_tile_offset(8 * br + row, 8 * bc), c_tile_offset(8 * bc + row, 8 * br)};
-}
-
 // Both kernels move operand rows in 16-byte chunks: k % 8 == 0, 16-byte aligned A, B and batch
 // strides. On failure *why says what is missing.
 inline bool operands_in_16_byte_rows(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,

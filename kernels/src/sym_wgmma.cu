@@ -1015,17 +1015,16 @@ constexpr size_t coop_smem_bytes() {
 
 // Barriers of the cooperative kernels' ring (both warpgroups consume every stage): full[s] (the
 // producer's arrival plus the bytes), empty[s] (one arrival per consumer warpgroup), c_full (the
-// block's C tiles have landed) and c_empty (both warpgroups have read them; with the m64n256
-// kernel's storer warps, one arrival: their stores have read the tile buffers).
+// block's C tiles have landed) and c_empty (both warpgroups have read them).
 template <int Stages>
 __device__ __forceinline__ void init_coop_barriers(uint64_t* full, uint64_t* empty, uint64_t* c_full,
-                                                   uint64_t* c_empty, int c_empty_arrivals = 2) {
+                                                   uint64_t* c_empty) {
   for (int s = 0; s < Stages; ++s) {
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], 2);
   }
   mbar_init(c_full, 1);
-  mbar_init(c_empty, c_empty_arrivals);
+  mbar_init(c_empty, 2);
   ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
@@ -1527,26 +1526,6 @@ static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel'
 // warpgroups meet once more, so that the buffers are free on return (C is loaded into them
 // next); otherwise that wait is left to the next block's epilogue (first thing) or the end of
 // the kernel, and the stores run under the next main loop.
-// The first pass of that epilogue, consumer warpgroup w: both tiles staged in place, diagonal
-// tiles whole (their C read in place first, when with_c).
-template <typename T>
-__device__ __forceinline__ void stage_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c,
-                                               const PairUnit& u, float alpha, float beta, float diag, int w) {
-  unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
-  const bool on_diag[2] = {u.row == u.col[0], u.row == u.col[1]};
-  const int h0 = 64 * w;
-  // Only tile (0, 0) of a pair computed transposed is on the diagonal and transposed (block
-  // row i's pairs never are); it is tile 0 (the pair (0, 0), (2, 0), or (0, 0) with itself).
-  if (on_diag[0] && u.transposed)
-    stage_half_tma_diagonal<T, true>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
-  else if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
-  else tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
-  if (u.second) {
-    if (on_diag[1]) stage_half_tma_diagonal<T>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta, diag);
-    else tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
-  }
-}
-
 // Epi: Full; or a timing probe (InPlace: no transposes; StageOnly: no TMA stores).
 template <typename T, EpilogueProbe Epi = EpilogueProbe::Full>
 __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned char* cbuf, bool with_c, bool wait_last,
@@ -1560,7 +1539,16 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
     if (threadIdx.x == 0) bulk_wait_read();
     named_bar_sync(1, 256);
   }
-  stage_pair_tma<T>(acc, cbuf, with_c, u, alpha, beta, diag, w);
+  // Only tile (0, 0) of a pair computed transposed is on the diagonal and transposed (block
+  // row i's pairs never are); it is tile 0 (the pair (0, 0), (2, 0), or (0, 0) with itself).
+  if (on_diag[0] && u.transposed)
+    stage_half_tma_diagonal<T, true>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
+  else if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
+  else tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
+  if (present[1]) {
+    if (on_diag[1]) stage_half_tma_diagonal<T>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta, diag);
+    else tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
+  }
   fence_async_shared();
   named_bar_sync(1, 256);
   const bool mirrors = Epi != EpilogueProbe::InPlace && (!on_diag[0] || (present[1] && !on_diag[1]));
@@ -1590,60 +1578,9 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   if (wait_last) named_bar_sync(1, 256);
 }
 
-// ORTHOPT_SYM_WGMMA_COOP_N256_STORERS: the epilogue's stores and transposes are left to the
-// producer warpgroup's three idle warps (the storers), so that the consumer warpgroups only
-// stage the block's two tiles (stage_pair_tma) and go on to their next main loop. The probes
-// put the rest of the epilogue at 15% of the kernel on the batched square shapes (fifteenth
-// session: 16×1536×2048 0.144 ms against 0.122 for the main loop alone). The consumers arrive
-// on named barrier kStagedBar; the storers store both tiles by TMA, and once the engine has
-// read them transpose the off-diagonal ones in place (tile_transpose_lane, sym_tiles.h) and
-// store them mirrored; once those are read the buffers are free (c_empty, one arrival), for
-// the consumers' next staging and the producer's next C tiles.
-constexpr int kStagedBar = 5, kStorerBar = 6;   // named barriers (1, 3 and 4 are the consumers')
-constexpr int kStorerThreads = 96;               // warps 9 to 11 (warp 8 holds the producer thread)
-constexpr int kStagedBarThreads = 256 + kStorerThreads;
-
-// Storer warp sw (0..2), `leader` its first thread: block u's stores, then the buffers' release.
-__device__ __forceinline__ void storers_store_pair(unsigned char* cbuf, const CUtensorMap* map_d, const PairUnit& u,
-                                                   uint64_t* buffers_free, int sw, int lane, bool leader) {
-  unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
-  const bool present[2] = {true, u.second};
-  const bool mirror[2] = {u.row != u.col[0], u.second && u.row != u.col[1]};
-  const bool mirrors = mirror[0] || mirror[1];
-  if (leader) {
-    for (int b = 0; b < 2; ++b)
-      if (present[b]) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
-    bulk_commit();
-    if (mirrors) bulk_wait_read();
-  }
-  if (mirrors) {
-    named_bar_sync(kStorerBar, kStorerThreads);  // the engine has read the buffers
-    for (int b = 0; b < 2; ++b) {
-      if (!mirror[b]) continue;
-      for (int g = sw; g < 64; g += kStorerThreads / 32) {
-        const TransposeLane l = tile_transpose_lane(g, lane);
-        uint32_t r[4];
-        ldmatrix_x4(r, buf[b] + l.src);
-        stmatrix_x4_trans(buf[b] + l.dst, r);
-      }
-    }
-    fence_async_shared();
-    named_bar_sync(kStorerBar, kStorerThreads);
-    if (leader) {
-      for (int b = 0; b < 2; ++b)
-        if (mirror[b]) tma_store_tile(map_d, buf[b], u.row, u.col[b], u.z);
-      bulk_commit();
-    }
-  }
-  if (leader) {
-    bulk_wait_read();
-    mbar_arrive(buffers_free);
-  }
-}
-
 // CTma: C is given (and loaded by TMA, as d_by_tma requires). Epi: Full, or a timing probe
-// (EpilogueProbe; without C only). Storers: ORTHOPT_SYM_WGMMA_COOP_N256_STORERS (above).
-template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, bool Storers = false>
+// (EpilogueProbe; without C only).
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
@@ -1656,26 +1593,21 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + 2 * kCTileBytes);
   uint64_t* empty = full + kS;
   uint64_t* c_full = empty + kS;  // this block's C tiles have landed
-  // Both warpgroups have read the previous block's C; with Storers: the previous block's stores
-  // have read the tile buffers.
-  uint64_t* c_empty = c_full + 1;
+  uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
   constexpr bool c_by_tma = CTma;
-  static_assert(!Storers || Epi == EpilogueProbe::Full, "the probes time the consumers' own epilogue");
   const int t = (m + kBM - 1) / kBM;
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = (total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) init_coop_barriers<kS>(full, empty, c_full, c_empty, Storers ? 1 : 2);
+  if (tid == 0) init_coop_barriers<kS>(full, empty, c_full, c_empty);
   __syncthreads();
 
   if (wg == 2) {
     producer_registers();
     if (tid == 256) {
       int64_t g = 0;
-      // C after the block's first stages; with Storers halfway through its k-steps, by when the
-      // storers have long freed the buffers (waiting earlier would hold back the block's loads).
-      const int c_step = Storers ? ktiles / 2 : (ktiles < kS ? ktiles : kS) - 1;
+      const int first_stages = ktiles < kS ? ktiles : kS;
       for (int64_t n = 0; n < my_pairs; ++n) {
         const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
         const CUtensorMap* first = u.transposed ? &map_b : &map_a;
@@ -1686,24 +1618,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           tma_load(a, first, &full[s], kt * kBK, u.row, u.z);
           tma_load(a + kTileBytes, second, &full[s], kt * kBK, u.col[0], u.z);
           tma_load(a + 2 * kTileBytes, second, &full[s], kt * kBK, u.col[1], u.z);
-          if (c_by_tma && kt == c_step) {
+          if (c_by_tma && kt == first_stages - 1) {
             if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
             mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
             for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
           }
         }
-      }
-    }
-    if constexpr (Storers) {
-      if (tid >= 256 + 32) {
-        const int sw = (tid - 256 - 32) / 32;
-        for (int64_t n = 0; n < my_pairs; ++n) {
-          const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
-          named_bar_sync(kStagedBar, kStagedBarThreads);  // both warpgroups have staged block n
-          storers_store_pair(cbuf, &map_d, u, c_empty, sw, tid & 31, tid == 256 + 32);
-        }
-        // The last stores complete before the CTA's shared memory goes away.
-        if (tid == 256 + 32) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
     }
     return;
@@ -1732,17 +1652,6 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         release);
     wgmma_wait<0>();
     release(static_cast<int>((g - 1) % kS));
-    if constexpr (Storers) {
-      // The storers have stored block n - 1 (the buffers are free); with C, this block's C has
-      // landed (loaded only after that).
-      if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
-      if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
-      stage_pair_tma<T>(acc, cbuf, c_by_tma, u, alpha, beta, diag, w);
-      fence_async_shared();
-      named_bar_arrive(kStagedBar, kStagedBarThreads);
-      named_bar_sync(3 + w, 128);
-      continue;
-    }
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
     if constexpr (Epi == EpilogueProbe::MainLoop) {
       if (alpha == 0.0f) store_pair_tma<T>(acc, cbuf, c_by_tma, c_by_tma, &map_d, u, alpha, beta, diag, w);
@@ -2007,8 +1916,8 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 
 // The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
 // pair list; ping-pong (register epilogue) where D cannot be stored by TMA. Epi: a timing probe
-// (without C) or the product. Storers: ORTHOPT_SYM_WGMMA_COOP_N256_STORERS.
-template <typename T, EpilogueProbe Epi = EpilogueProbe::Full, bool Storers = false>
+// (without C) or the product.
+template <typename T, EpilogueProbe Epi = EpilogueProbe::Full>
 orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                 int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -2031,7 +1940,7 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Storers>>(
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi>>(
         kCoopN256SmemBytes, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
         beta, diag, per_matrix, total);
   };
@@ -2082,8 +1991,6 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     if (path == ORTHOPT_SYM_WGMMA_WIDE) return run(launch_wide<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_COOP_N256) return run(launch_coop_n256<T>);
-    if (path == ORTHOPT_SYM_WGMMA_COOP_N256_STORERS)
-      return run(launch_coop_n256<T, EpilogueProbe::Full, /*Storers=*/true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA)
       return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaBuffers=*/2>);

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -1410,10 +1409,7 @@ int main(int argc, char** argv) {
     for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
                                   ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                   ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256,
-                                  ORTHOPT_SYM_WGMMA_COOP_N256_STORERS}) {
-      // KERNEL_CHECK_SYM_PATH=<name>: only that path's products (a sanitizer run on one kernel).
-      if (const char* only = std::getenv("KERNEL_CHECK_SYM_PATH"); only && std::string(only) != name(path)) continue;
+                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256}) {
       const bool hopper_only = orthopt_k::is_wgmma_path(path);
       const bool persistent = hopper_only && path != ORTHOPT_SYM_WGMMA;
       if (hopper_only && !hopper()) {
@@ -1440,16 +1436,15 @@ int main(int argc, char** argv) {
       // pair kernel's pairs (those down column 0 transposed), 64-row halves of them by turns; at
       // m = 130 and 136 the second half of the last block row lies wholly past m. The
       // cooperative m64n256 kernel takes the same pairs, both warpgroups on each (at m % 8 != 0
-      // it hands over to ping-pong: D cannot be stored by TMA there), with or without its storer
-      // warps.
-      const bool n256 = path == ORTHOPT_SYM_WGMMA_COOP_N256 || path == ORTHOPT_SYM_WGMMA_COOP_N256_STORERS;
-      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || n256;
+      // it hands over to ping-pong: D cannot be stored by TMA there).
+      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
+                         path == ORTHOPT_SYM_WGMMA_COOP_N256;
       if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
       }
       if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
-      if (path == ORTHOPT_SYM_WGMMA_WIDE || n256)
+      if (path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_COOP_N256)
         check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
       if (!quick) {
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged

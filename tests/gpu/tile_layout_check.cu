@@ -114,55 +114,10 @@ void check_diagonal() {
     }
 }
 
-// The storer warps' in-place transpose (tile_transpose_lane): emulate the 64 groups' ldmatrix x4
-// (lane L's register k gets matrix k's elements (L / 4, 2·(L % 4) + q) from the rows lanes 8k..
-// 8k + 7 point at) and stmatrix x4 .trans (element (i, j) of matrix k at row j, column i of the
-// rows lanes 8k.. point at), each group reading before it writes. Afterwards every slot
-// c_tile_offset(r, c) holds the element that was at (c, r), and each block was read and written
-// by exactly one group.
-void check_transpose() {
-  std::vector<int> tile(kSlots), read_hits(kSlots, 0), write_hits(kSlots, 0);
-  for (int r = 0; r < 128; ++r)
-    for (int c = 0; c < 128; ++c) tile[c_tile_offset(r, c) / 2] = r * 128 + c;
-  for (int g = 0; g < 64; ++g) {
-    int src[32], dst[32];
-    for (int lane = 0; lane < 32; ++lane) {
-      const orthopt_k::TransposeLane l = orthopt_k::tile_transpose_lane(g, lane);
-      src[lane] = l.src;
-      dst[lane] = l.dst;
-      expect(l.src % 16 == 0 && l.dst % 16 == 0, "16-byte aligned transpose row address", g, lane, l.src, l.dst);
-    }
-    int reg[32][4][2];
-    for (int lane = 0; lane < 32; ++lane)
-      for (int k = 0; k < 4; ++k)
-        for (int q = 0; q < 2; ++q) {
-          const int at = src[8 * k + lane / 4] + 2 * (2 * (lane % 4) + q);
-          reg[lane][k][q] = tile[at / 2];
-          ++read_hits[at / 2];
-        }
-    for (int lane = 0; lane < 32; ++lane)
-      for (int k = 0; k < 4; ++k)
-        for (int q = 0; q < 2; ++q) {
-          const int i = lane / 4, j = 2 * (lane % 4) + q;
-          const int at = dst[8 * k + j] + 2 * i;
-          tile[at / 2] = reg[lane][k][q];
-          ++write_hits[at / 2];
-        }
-  }
-  for (int r = 0; r < 128; ++r)
-    for (int c = 0; c < 128; ++c) {
-      const int s = c_tile_offset(r, c) / 2;
-      expect(read_hits[s] == 1 && write_hits[s] == 1, "transpose reads and writes each slot once", r, c,
-             read_hits[s], write_hits[s]);
-      expect(tile[s] == c * 128 + r, "transposed in place", r, c, tile[s], c * 128 + r);
-    }
-}
-
 }  // namespace
 
 int main() {
   check_blocks();
-  check_transpose();
   check_diagonal();
   std::printf("tile_layout_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
