@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -1410,6 +1411,8 @@ int main(int argc, char** argv) {
                                   ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
                                   ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
                                   ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256}) {
+      // KERNEL_CHECK_SYM_PATH=<name>: only that path's products (a sanitizer run on one kernel).
+      if (const char* only = std::getenv("KERNEL_CHECK_SYM_PATH"); only && std::string(only) != name(path)) continue;
       const bool hopper_only = orthopt_k::is_wgmma_path(path);
       const bool persistent = hopper_only && path != ORTHOPT_SYM_WGMMA;
       if (hopper_only && !hopper()) {
