@@ -46,6 +46,7 @@
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled signature (called via the runtime)
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -729,6 +730,18 @@ __device__ __forceinline__ void consumer_registers() {
   ORTHOPT_SM90A_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 }
 
+// Programmatic dependent launch (launch_one_per_sm): a persistent kernel may start while the
+// kernel before it in the stream finishes. Every thread calls this after the prologue (barrier
+// set-up) and before its first global-memory access: it waits until that kernel has completed
+// and its writes are visible, then lets the next such kernel launch. All of a persistent grid's
+// CTAs are resident by then, so the next kernel's CTAs take multiprocessors as ours leave (the
+// last wave's idle ones first) and run their own prologue there, under our tail. Without the
+// launch attribute both instructions do nothing.
+__device__ __forceinline__ void wait_for_previous_grid() {
+  ORTHOPT_SM90A_ASM("griddepcontrol.wait;\n" ::: "memory");
+  ORTHOPT_SM90A_ASM("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // The main loop of a consumer warpgroup, shared by the persistent kernels: for `ktiles` stages
 // of the ring from global k-step g on (g advances), waits until the stage has landed, has
 // issue(stage) issue its wgmmas (after the fence), and once the previous stage's wgmmas have
@@ -939,6 +952,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   if (tid == 0) init_pingpong_barriers<Stages>(full, empty, c_full, c_empty, 1);
   __syncthreads();
+  wait_for_previous_grid();
 
   if (wg == 2) {
     producer_registers();
@@ -1075,6 +1089,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   if (tid == 0) init_coop_barriers<kStagesC>(full, empty, c_full, c_empty);
   __syncthreads();
+  wait_for_previous_grid();
 
   if (wg == 2) {
     producer_registers();
@@ -1412,6 +1427,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int64_t my_units = 2 * ((total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x);
   if (tid == 0) init_pingpong_barriers<kWideStages>(full, empty, c_full, c_empty, 1);
   __syncthreads();
+  wait_for_previous_grid();
 
   if (wg == 2) {
     producer_registers();
@@ -1602,6 +1618,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int64_t my_pairs = (total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x;
   if (tid == 0) init_coop_barriers<kS>(full, empty, c_full, c_empty);
   __syncthreads();
+  wait_for_previous_grid();
 
   if (wg == 2) {
     producer_registers();
@@ -1739,14 +1756,34 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
+// Whether the persistent kernels are launched as programmatic dependents of the kernel before
+// them (wait_for_previous_grid): yes unless ORTHOPT_SYM_PDL=0 (A/B timings).
+bool programmatic_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("ORTHOPT_SYM_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 // A persistent kernel (kPpThreads threads) on min(work items, SMs) CTAs, each walking a stride
-// of the work list.
+// of the work list, launched as a programmatic dependent (every such kernel calls
+// wait_for_previous_grid before touching global memory).
 template <auto Kernel, typename... Args>
 orthopt_status launch_one_per_sm(size_t smem_bytes, int64_t items, cudaStream_t stream, Args... args) {
   int sm_count = 0;
   ORTHOPT_STATUS_TRY(configure_once<Kernel>(smem_bytes, &sm_count));
-  const unsigned grid = static_cast<unsigned>(items < sm_count ? items : sm_count);
-  Kernel<<<grid, kPpThreads, smem_bytes, stream>>>(args...);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(items < sm_count ? items : sm_count));
+  config.blockDim = dim3(kPpThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&config, Kernel, args...));
   return ORTHOPT_OK;
 }
 
