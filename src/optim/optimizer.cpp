@@ -968,8 +968,8 @@ class OptimizerImpl {
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
       // Tall matrices may come back as transposed views and the update kernel reads D
-      // contiguously: one copy per bank (a no-op for wide ones and for tall ones whose Gram NS
-      // ran in their own layout), for Muon and NorMuon by the transpose kernel in the compute
+      // contiguously: one copy per bank (a no-op for wide ones and, on the GPU kernels' path, for
+      // tall ones through Gram NS), for Muon and NorMuon by the transpose kernel in the compute
       // dtype; NorMuon's row factors are then taken over the contiguous copy (for tall banks
       // another summation order than the reference's over the view: fp32 rounding). With
       // split_sizes NorMuon normalizes the views like the reference, one normuon_bank() per bank.

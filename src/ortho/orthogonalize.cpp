@@ -42,9 +42,12 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
 // dtype). Only R = X·Xᵀ and Q·X depend on a batch's n_i: the m×m iteration (Z, Q, R) runs once
 // over all batches stacked, so same-m banks of different widths (GPT-2's 768×2304 and 768×3072)
 // share one batch of small products instead of one each. Each matrix gets the same operations
-// as alone.
+// as alone. transposed[i]: batch i is a tall matrix transposed for NS; its last Q·X is written
+// in the tall layout (detail::mm's transposed_result), so that transposing the result back
+// (orthogonalize_batches) gives a contiguous tensor and nobody copies it.
 std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, int steps,
-                                const std::vector<int>& restarts, const Precision& p) {
+                                const std::vector<int>& restarts, const Precision& p,
+                                const std::vector<bool>& transposed) {
   auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
   auto gram = [&] {  // R of every batch, stacked: each written into its slice of one buffer
     if (Xs.size() == 1) return detail::gram_product(Xs[0], p);
@@ -58,11 +61,11 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
     }
     return R;
   };
-  auto apply = [&](const at::Tensor& Q) {  // X_i ← Q_i·X_i
+  auto apply = [&](const at::Tensor& Q, bool last) {  // X_i ← Q_i·X_i
     int64_t offset = 0;
-    for (auto& X : Xs) {
-      const int64_t b = X.size(0);
-      X = detail::mm(Q.narrow(0, offset, b), X, p);
+    for (size_t i = 0; i < Xs.size(); ++i) {
+      const int64_t b = Xs[i].size(0);
+      Xs[i] = detail::mm(Q.narrow(0, offset, b), Xs[i], p, last && transposed[i]);
       offset += b;
     }
   };
@@ -71,7 +74,7 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
   bool fresh = true;
   for (int t = 0; t < steps; ++t) {
     if (t > 0 && is_restart(t)) {
-      apply(Q);
+      apply(Q, /*last=*/false);
       R = gram();
       fresh = true;
     }
@@ -89,7 +92,7 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
       fresh = false;
     }
   }
-  apply(Q);
+  apply(Q, /*last=*/true);
   return Xs;
 }
 
@@ -184,8 +187,9 @@ bool on_side_stream(double work) {
 #endif
 
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
-// [B_i, r_i, c_i] in its compute dtype (for tall inputs a transposed view of the contiguous
-// [B, c, r] result, or contiguous when Gram NS ran in the input's own layout). Gram batches with
+// [B_i, r_i, c_i] in its compute dtype (for tall inputs through standard NS a transposed view of
+// the contiguous [B, c, r] result; through Gram NS contiguous on the GPU kernels' path, whether it
+// ran in the input's own layout or transposed, gram_ns writing the last product back). Gram batches with
 // the same m and compute dtype iterate together (gram_ns). Each Gram group and each standard
 // input is an independent chain of products; on a GPU with the kernels on, small chains run on
 // parallel streams (on_side_stream; each chain's operations are those it runs alone, so the
@@ -221,6 +225,12 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     else
       standard.push_back(i);
   }
+  // Gram batches transposed for NS get their last product back in their own layout (gram_ns);
+  // ORTHOPT_GRAM_TRANSPOSED_RESULT=0 leaves it as a transposed view instead (A/B timings).
+  bool transposed_result = true;
+#ifdef ORTHOPT_WITH_CUDA
+  if (const std::optional<bool> forced = env_switch("ORTHOPT_GRAM_TRANSPOSED_RESULT")) transposed_result = *forced;
+#endif
   auto input = [&](size_t i) {
     return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
   };
@@ -234,8 +244,13 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     for (size_t i : idx) w += work[i];
     chains.push_back({[&, key = key, idx = idx] {
                         std::vector<at::Tensor> Xs;
-                        for (size_t i : idx) Xs.push_back(input(i));
-                        Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device));
+                        std::vector<bool> transposed;
+                        for (size_t i : idx) {
+                          Xs.push_back(input(i));
+                          transposed.push_back(transposed_result && tall[i] && !own_layout[i]);
+                        }
+                        Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device),
+                                     transposed);
                         for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
                       },
                       w});

@@ -60,15 +60,17 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
   return narrow(at::baddbmm(wide(C, p), wide(A, p), wide(X, p), beta, alpha), p);
 }
 
-at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p) {
+at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result) {
 #ifdef ORTHOPT_WITH_CUDA
   if (use_kernels(A)) {
-    // X = Tᵀ kept in a tall matrix's layout: the result in the same layout, (A·X)ᵀ = T·Aᵀ.
-    if (cuda::is_transposed_view(X))
+    // X = Tᵀ kept in a tall matrix's layout, or a transposed result asked for: (A·X)ᵀ = Xᵀ·Aᵀ,
+    // one product reading both operands as stored.
+    if (cuda::is_transposed_view(X) || (transposed_result && X.is_contiguous()))
       return cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0).transpose(1, 2);
     return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0);
   }
 #endif
+  (void)transposed_result;
   return narrow(at::bmm(wide(A, p), wide(X, p)), p);
 }
 

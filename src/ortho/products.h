@@ -29,8 +29,11 @@ at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor&
 // beta·C + alpha·A·X for a general X.
 at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, double beta,
                  double alpha, const Precision& p);
-// A·X for a general X.
-at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p);
+// A·X for a general X. transposed_result: with the kernels and X contiguous, the result is
+// computed as Xᵀ·Aᵀ into a contiguous [B, n, m] tensor and returned as its transposed view, the
+// layout a tall matrix transposed for NS has (no copy to bring it back); elsewhere the flag only
+// concerns the layout and is ignored.
+at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result = false);
 // Z ← Z + a·I (per batch entry), in place.
 void add_identity_(const at::Tensor& Z, double a, const Precision& p);
 
