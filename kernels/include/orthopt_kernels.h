@@ -72,7 +72,12 @@ const char* orthopt_last_error(void);
  * (pass B = B': a symmetric B' equals its transpose). Only the lower triangle of A·Bᵀ is
  * computed; the upper triangle of D is its mirror, so D is exactly symmetric (BLOCKS,
  * NATIVE; DENSE: up to rounding). C must be symmetric (pass NULL for none). D must not
- * overlap A, B or C. Requires k % 8 == 0 and 16-byte aligned A, B for the native path. */
+ * overlap A, B or C. Requires k % 8 == 0 and 16-byte aligned A, B for the native path.
+ * The persistent Hopper kernels are launched as programmatic dependents: they may start while
+ * the previous kernel in the stream finishes and wait for it on the device before touching
+ * memory; they let a following programmatic-dependent kernel launch early, which then must wait
+ * for them likewise (griddepcontrol.wait). ORTHOPT_SYM_PDL=0 in the environment launches them
+ * plainly. */
 orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
                                const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                float alpha, const void* C, int64_t stride_c, float beta, float diag,
