@@ -733,10 +733,10 @@ __device__ __forceinline__ void consumer_registers() {
 // Programmatic dependent launch (launch_one_per_sm): a persistent kernel may start while the
 // kernel before it in the stream finishes. Every thread calls this after the prologue (barrier
 // set-up) and before its first global-memory access: it waits until that kernel has completed
-// and its writes are visible, then lets the next such kernel launch. All of a persistent grid's
-// CTAs are resident by then, so the next kernel's CTAs take multiprocessors as ours leave (the
-// last wave's idle ones first) and run their own prologue there, under our tail. Without the
-// launch attribute both instructions do nothing.
+// and its writes are visible, then lets the next such kernel launch: that happens once every
+// CTA of this grid has passed this point, so all of them are resident, and the next kernel's
+// CTAs take multiprocessors as ours leave (the last wave's idle ones first) and run their own
+// prologue there, under our tail. Without the launch attribute both instructions do nothing.
 __device__ __forceinline__ void wait_for_previous_grid() {
   ORTHOPT_SM90A_ASM("griddepcontrol.wait;\n" ::: "memory");
   ORTHOPT_SM90A_ASM("griddepcontrol.launch_dependents;\n" ::: "memory");
