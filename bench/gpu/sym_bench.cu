@@ -95,6 +95,21 @@ struct Operands {
     cudaFree(C);
     cudaFree(D);
   }
+  // D = A·Aᵀ (+ 0.5·C with with_c) by `path`, as a contender of interleaved_median_ms.
+  std::function<void()> product(const Shape& s, orthopt_sym_path path, bool with_c = false) const {
+    return [this, s, path, with_c] {
+      CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
+                         s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, path, nullptr));
+    };
+  }
+  // The epilogue probe `stores` of a persistent path, without C (sym_abt_wgmma_epilogue_probe;
+  // D is wrong but for stores = 0).
+  std::function<void()> probe(const Shape& s, orthopt_sym_path path, int stores) const {
+    return [this, s, path, stores] {
+      CK(orthopt_k::sym_abt_wgmma_epilogue_probe(path, stores, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f,
+                                                 nullptr, 0, 0.0f, 0.0f, D, s.m * s.m, nullptr));
+    };
+  }
   void dense(cublasHandle_t h, const Shape& s) const {
     const float one = 1.0f, zero = 0.0f;
     CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.m, s.k, &one, A, CUDA_R_16BF, s.k, s.m * s.k, A,
@@ -118,21 +133,10 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/false);
-    __nv_bfloat16 *A = ops.A, *D = ops.D;
     auto dense = [&] { ops.dense(h, s); };
-    auto probe = [&](orthopt_sym_path p, int stores) {
-      return [&, p, stores] {
-        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(p, stores, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f,
-                                                   nullptr, 0, 0.0f, 0.0f, D, s.m * s.m, nullptr));
-      };
-    };
+    auto probe = [&](orthopt_sym_path p, int stores) { return ops.probe(s, p, stores); };
     constexpr orthopt_sym_path PP = ORTHOPT_SYM_WGMMA_PINGPONG, CO = ORTHOPT_SYM_WGMMA_COOP;
-    auto tma = [&](orthopt_sym_path p) {
-      return [&, p] {
-        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
-                           D, s.m * s.m, p, nullptr));
-      };
-    };
+    auto tma = [&](orthopt_sym_path p) { return ops.product(s, p); };
     const std::vector<double> t = interleaved_median_ms({dense, probe(PP, 0), probe(PP, 1), probe(PP, 2), probe(CO, 0),
                                                          probe(CO, 1), probe(CO, 2),
                                                          tma(ORTHOPT_SYM_WGMMA_PINGPONG_TMA),
@@ -157,20 +161,9 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
-    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
     auto dense = [&] { ops.dense(h, s); };
-    auto path = [&](orthopt_sym_path p, bool with_c = false) {
-      return [&, p, with_c] {
-        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
-                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, p, nullptr));
-      };
-    };
-    auto loads_only = [&](orthopt_sym_path p) {
-      return [&, p] {
-        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(p, 2, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr,
-                                                   0, 0.0f, 0.0f, D, s.m * s.m, nullptr));
-      };
-    };
+    auto path = [&](orthopt_sym_path p, bool with_c = false) { return ops.product(s, p, with_c); };
+    auto loads_only = [&](orthopt_sym_path p) { return ops.probe(s, p, 2); };
     const std::vector<double> t = interleaved_median_ms(
         {dense, path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF), path(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, true),
          path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_COOP_N256), path(ORTHOPT_SYM_WGMMA_COOP_N256, true),
@@ -198,21 +191,9 @@ int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
-    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
     auto dense = [&] { ops.dense(h, s); };
-    auto full = [&](bool with_c) {
-      return [&, with_c] {
-        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
-                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, ORTHOPT_SYM_WGMMA_COOP_N256, nullptr));
-      };
-    };
-    auto probe = [&](int stores) {
-      return [&, stores] {
-        CK(orthopt_k::sym_abt_wgmma_epilogue_probe(ORTHOPT_SYM_WGMMA_COOP_N256, stores, s.batch, s.m, s.k, A,
-                                                   s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f, D,
-                                                   s.m * s.m, nullptr));
-      };
-    };
+    auto full = [&](bool with_c) { return ops.product(s, ORTHOPT_SYM_WGMMA_COOP_N256, with_c); };
+    auto probe = [&](int stores) { return ops.probe(s, ORTHOPT_SYM_WGMMA_COOP_N256, stores); };
     const std::vector<double> t =
         interleaved_median_ms({dense, full(false), full(true), probe(1), probe(3), probe(4), probe(2)}, 3, repeats);
     std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n",
@@ -255,7 +236,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
-    __nv_bfloat16 *A = ops.A, *C = ops.C, *D = ops.D;
+    __nv_bfloat16 *A = ops.A, *D = ops.D;
     auto dense = [&] { ops.dense(h, s); };
     auto blocks = [&](int64_t b) {
       return [&, b] {
@@ -263,16 +244,8 @@ int main(int argc, char** argv) {
                                      0.0f, 0.0f, D, s.m * s.m, b, nullptr));
       };
     };
-    auto native = [&] {
-      CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, nullptr, 0, 0.0f, 0.0f,
-                         D, s.m * s.m, ORTHOPT_SYM_NATIVE, nullptr));
-    };
-    auto path = [&](orthopt_sym_path p, bool with_c = false) {
-      return [&, p, with_c] {
-        CK(orthopt_sym_abt(ORTHOPT_BF16, s.batch, s.m, s.k, A, s.m * s.k, A, s.m * s.k, 1.0f, with_c ? C : nullptr,
-                           s.m * s.m, with_c ? 0.5f : 0.0f, 0.0f, D, s.m * s.m, p, nullptr));
-      };
-    };
+    const auto native = ops.product(s, ORTHOPT_SYM_NATIVE);
+    auto path = [&](orthopt_sym_path p, bool with_c = false) { return ops.product(s, p, with_c); };
     const std::vector<double> t = interleaved_median_ms(
         {dense, blocks(512), blocks(1024), native, path(ORTHOPT_SYM_WGMMA), path(ORTHOPT_SYM_WGMMA_PINGPONG),
          path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_PINGPONG, true), path(ORTHOPT_SYM_WGMMA_COOP, true),
