@@ -742,6 +742,21 @@ __device__ __forceinline__ void wait_for_previous_grid() {
   ORTHOPT_SM90A_ASM("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// The start of every kernel launch_one_per_sm launches: thread 0 sets up the barriers (init),
+// the CTA meets, and every thread waits for the previous grid before any global access.
+template <typename Init>
+__device__ __forceinline__ void persistent_prologue(Init&& init) {
+  if (threadIdx.x == 0) init();
+  __syncthreads();
+  wait_for_previous_grid();
+}
+
+// This CTA's share of `items` work items dealt round-robin over the grid (item blockIdx.x, then
+// every gridDim.x-th).
+__device__ __forceinline__ int64_t items_of_cta(int64_t items) {
+  return (items - blockIdx.x + gridDim.x - 1) / gridDim.x;
+}
+
 // The main loop of a consumer warpgroup, shared by the persistent kernels: for `ktiles` stages
 // of the ring from global k-step g on (g advances), waits until the stage has landed, has
 // issue(stage) issue its wgmmas (after the fence), and once the previous stage's wgmmas have
@@ -949,10 +964,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) init_pingpong_barriers<Stages>(full, empty, c_full, c_empty, 1);
-  __syncthreads();
-  wait_for_previous_grid();
+  const int64_t my_tiles = items_of_cta(total_tiles);
+  persistent_prologue([&] { init_pingpong_barriers<Stages>(full, empty, c_full, c_empty, 1); });
 
   if (wg == 2) {
     producer_registers();
@@ -1086,10 +1099,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_tiles = (total_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) init_coop_barriers<kStagesC>(full, empty, c_full, c_empty);
-  __syncthreads();
-  wait_for_previous_grid();
+  const int64_t my_tiles = items_of_cta(total_tiles);
+  persistent_prologue([&] { init_coop_barriers<kStagesC>(full, empty, c_full, c_empty); });
 
   if (wg == 2) {
     producer_registers();
@@ -1424,10 +1435,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_units = 2 * ((total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  if (tid == 0) init_pingpong_barriers<kWideStages>(full, empty, c_full, c_empty, 1);
-  __syncthreads();
-  wait_for_previous_grid();
+  const int64_t my_units = 2 * items_of_cta(total_pairs);
+  persistent_prologue([&] { init_pingpong_barriers<kWideStages>(full, empty, c_full, c_empty, 1); });
 
   if (wg == 2) {
     producer_registers();
@@ -1615,10 +1624,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
-  const int64_t my_pairs = (total_pairs - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (tid == 0) init_coop_barriers<kS>(full, empty, c_full, c_empty);
-  __syncthreads();
-  wait_for_previous_grid();
+  const int64_t my_pairs = items_of_cta(total_pairs);
+  persistent_prologue([&] { init_coop_barriers<kS>(full, empty, c_full, c_empty); });
 
   if (wg == 2) {
     producer_registers();
@@ -1767,8 +1774,8 @@ bool programmatic_launch() {
 }
 
 // A persistent kernel (kPpThreads threads) on min(work items, SMs) CTAs, each walking a stride
-// of the work list, launched as a programmatic dependent (every such kernel calls
-// wait_for_previous_grid before touching global memory).
+// of the work list, launched as a programmatic dependent (every such kernel starts with
+// persistent_prologue, which waits for the previous grid).
 template <auto Kernel, typename... Args>
 orthopt_status launch_one_per_sm(size_t smem_bytes, int64_t items, cudaStream_t stream, Args... args) {
   int sm_count = 0;
