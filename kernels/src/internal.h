@@ -58,6 +58,12 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                               cudaStream_t stream);
 // A path's name, as ORTHOPT_SYM_PATH takes it and the benchmarks print it ("auto" for AUTO).
 const char* sym_path_name(orthopt_sym_path path);
+// Every path but AUTO, in enum order (ORTHOPT_SYM_PATH's names; kernel_check's loop).
+inline constexpr orthopt_sym_path kSymPaths[] = {
+    ORTHOPT_SYM_BLOCKS,         ORTHOPT_SYM_NATIVE,         ORTHOPT_SYM_DENSE,
+    ORTHOPT_SYM_WGMMA,          ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
+    ORTHOPT_SYM_WGMMA_PAIR,     ORTHOPT_SYM_WGMMA_WIDE,     ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
+    ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256};
 // Whether the path is one of the Hopper wgmma kernels (sym_abt_wgmma; all but ORTHOPT_SYM_WGMMA
 // are persistent).
 bool is_wgmma_path(orthopt_sym_path path);

@@ -15,10 +15,7 @@ orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PATH");
     if (!v) return ORTHOPT_SYM_AUTO;
-    for (orthopt_sym_path q : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                               ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
-                               ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                               ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256})
+    for (orthopt_sym_path q : kSymPaths)
       if (std::string_view(v) == sym_path_name(q)) return q;
     return ORTHOPT_SYM_AUTO;
   }();

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "orthopt_kernels.h"
-#include "../../kernels/src/internal.h"  // sym_path_name, is_wgmma_path
+#include "../../kernels/src/internal.h"  // sym_path_name, is_wgmma_path, kSymPaths
 
 namespace {
 
@@ -1407,10 +1407,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   check_errors();
   for (orthopt_dtype dt : {ORTHOPT_BF16, ORTHOPT_FP16}) {
-    for (orthopt_sym_path path : {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_NATIVE, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_WGMMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP, ORTHOPT_SYM_WGMMA_PAIR,
-                                  ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-                                  ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256}) {
+    for (orthopt_sym_path path : orthopt_k::kSymPaths) {
       // KERNEL_CHECK_SYM_PATH=<name>: only that path's products (a sanitizer run on one kernel).
       if (const char* only = std::getenv("KERNEL_CHECK_SYM_PATH"); only && std::string(only) != name(path)) continue;
       const bool hopper_only = orthopt_k::is_wgmma_path(path);
