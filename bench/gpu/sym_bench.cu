@@ -296,8 +296,8 @@ int main(int argc, char** argv) {
                                     r.m * r.n, r.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
     auto ours = [&] {
-      CK(orthopt_gemm(ORTHOPT_BF16, r.batch, r.m, r.n, r.k, A, r.m * r.k, 0, X, r.k * r.n, 0, 1.0f, C, r.m * r.n,
-                      1.0f, D, r.m * r.n, nullptr));
+      CK(orthopt_gemm(ORTHOPT_BF16, ORTHOPT_BF16, r.batch, r.m, r.n, r.k, A, r.m * r.k, 0, X, r.k * r.n, 0, 1.0f, C,
+                      r.m * r.n, 1.0f, D, r.m * r.n, nullptr));
     };
     const std::vector<double> t = interleaved_median_ms({peer, ours}, 3, repeats);
     const double tp = t[0], to = t[1];

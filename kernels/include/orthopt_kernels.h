@@ -88,9 +88,11 @@ orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, in
  * with A [m, k], X [k, n], C, D [m, n], all row-major. An operand may instead be stored as its
  * transpose (a_transposed: A stored [k, m]; x_transposed: X stored [n, k]); no data moves, the
  * library reads it transposed (Newton–Schulz on a tall matrix in its own layout).
- * C may be NULL (beta ignored); C may equal D. */
-orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                            const void* A, int64_t stride_a, int a_transposed, const void* X,
+ * A and X are in dtype (bf16 or fp16); C and D in out_dtype: dtype, or ORTHOPT_FP32 (the fp32
+ * accumulator rounded once to fp32, e.g. Newton–Schulz's last product written in the caller's
+ * dtype instead of a cast pass after it). C may be NULL (beta ignored); C may equal D. */
+orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m, int64_t n,
+                            int64_t k, const void* A, int64_t stride_a, int a_transposed, const void* X,
                             int64_t stride_x, int x_transposed, float alpha, const void* C,
                             int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream);
 

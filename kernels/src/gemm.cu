@@ -13,8 +13,9 @@
 namespace orthopt_k {
 namespace {
 
+// (dtype, out_dtype, batch, m, n, k, strides of A, X, C, D, device, a_transposed, x_transposed)
 using PlanKey =
-    std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
+    std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -71,15 +72,16 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
     *out = &it->second;
     return ORTHOPT_OK;
   }
-  const auto [dt, batch, m, n, k, sa, sx, sc, sd, device, a_transposed, x_transposed] = key;
+  const auto [dt, out_dt, batch, m, n, k, sa, sx, sc, sd, device, a_transposed, x_transposed] = key;
   const cudaDataType_t type = cuda_type(static_cast<orthopt_dtype>(dt));
+  const cudaDataType_t out_type = cuda_type(static_cast<orthopt_dtype>(out_dt));
   Plan p;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt computes Dᵀ (n×m) = Xᵀ (n×k) · Aᵀ (k×m), its operands A and B being our Xᵀ and Aᵀ.
   ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &p.x, type, n, k, x_transposed, batch, sx));
   ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &p.a, type, k, m, a_transposed, batch, sa));
-  ORTHOPT_STATUS_TRY(make_layout(&p.c, type, n, m, n, batch, sc));
-  ORTHOPT_STATUS_TRY(make_layout(&p.d, type, n, m, n, batch, sd));
+  ORTHOPT_STATUS_TRY(make_layout(&p.c, out_type, n, m, n, batch, sc));
+  ORTHOPT_STATUS_TRY(make_layout(&p.d, out_type, n, m, n, batch, sd));
   cublasLtMatmulPreference_t pref;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = kWorkspaceBytes;
@@ -103,7 +105,8 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
 
 }  // namespace
 
-orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
+orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                         const void* A,
                          int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x, bool x_transposed,
                          float alpha, const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
                          cudaStream_t stream) {
@@ -119,7 +122,8 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
   Plan* plan = nullptr;
   ORTHOPT_STATUS_TRY(get_plan(
       ctx,
-      PlanKey{dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device, a_transposed, x_transposed},
+      PlanKey{dtype, out_dtype, batch, m, n, k, stride_a, stride_x, stride_c, stride_d, device, a_transposed,
+              x_transposed},
       &plan));
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(ctx->lt, plan->op, &alpha, X, plan->x, A, plan->a, &beta, C, plan->c, D, plan->d, &algo,
@@ -165,17 +169,19 @@ orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t 
 
 using namespace orthopt_k;
 
-extern "C" orthopt_status orthopt_gemm(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                                       const void* A, int64_t stride_a, int a_transposed, const void* X,
-                                       int64_t stride_x, int x_transposed, float alpha, const void* C,
-                                       int64_t stride_c, float beta, void* D, int64_t stride_d,
+extern "C" orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m,
+                                       int64_t n, int64_t k, const void* A, int64_t stride_a, int a_transposed,
+                                       const void* X, int64_t stride_x, int x_transposed, float alpha,
+                                       const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
                                        cudaStream_t stream) {
   if (!valid_dtype(dtype)) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: argument 'dtype' must be bf16 or fp16");
+  if (out_dtype != dtype && out_dtype != ORTHOPT_FP32)
+    return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: argument 'out_dtype' must be fp32 or equal to 'dtype'");
   if (batch < 1 || m < 1 || n < 1 || k < 1)
     return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: sizes must be positive (batch %lld, m %lld, n %lld, k %lld)",
                 static_cast<long long>(batch), static_cast<long long>(m), static_cast<long long>(n),
                 static_cast<long long>(k));
   if (!A || !X || !D) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm: arguments 'A', 'X', 'D' must not be NULL");
-  return gemm_impl(dtype, batch, m, n, k, A, stride_a, a_transposed != 0, X, stride_x, x_transposed != 0, alpha, C,
-                   stride_c, beta, D, stride_d, stream);
+  return gemm_impl(dtype, out_dtype, batch, m, n, k, A, stride_a, a_transposed != 0, X, stride_x, x_transposed != 0,
+                   alpha, C, stride_c, beta, D, stride_d, stream);
 }

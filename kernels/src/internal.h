@@ -43,7 +43,9 @@ struct BlasContext {
 };
 orthopt_status blas_context(cudaStream_t stream, BlasContext** out);  // per device and stream
 
-inline cudaDataType_t cuda_type(orthopt_dtype t) { return t == ORTHOPT_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+inline cudaDataType_t cuda_type(orthopt_dtype t) {
+  return t == ORTHOPT_BF16 ? CUDA_R_16BF : (t == ORTHOPT_FP16 ? CUDA_R_16F : CUDA_R_32F);
+}
 inline bool valid_dtype(orthopt_dtype t) { return t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
 
 // The two implementations of orthopt_sym_abt (arguments already validated).
@@ -90,12 +92,12 @@ orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, i
                                             float alpha, const void* C, int64_t stride_c, float beta, float diag,
                                             void* D, int64_t stride_d, cudaStream_t stream);
 // D = α·op(A)·op(X) + β·C through cuBLASLt, row-major: op(A) = A for A [m, k], or Aᵀ for A
-// [k, m] when a_transposed; op(X) = X for X [k, n], or Xᵀ for X [n, k] when x_transposed. C may
-// be NULL (β ignored) or equal to D.
-orthopt_status gemm_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
-                         int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x, bool x_transposed,
-                         float alpha, const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
-                         cudaStream_t stream);
+// [k, m] when a_transposed; op(X) = X for X [k, n], or Xᵀ for X [n, k] when x_transposed. A and X
+// in dtype, C and D in out_dtype (dtype, or ORTHOPT_FP32). C may be NULL (β ignored) or equal to D.
+orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                         const void* A, int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x,
+                         bool x_transposed, float alpha, const void* C, int64_t stride_c, float beta, void* D,
+                         int64_t stride_d, cudaStream_t stream);
 // Copies the lower triangle of each m×m matrix of D onto its upper triangle (D becomes exactly
 // symmetric) and adds diag to its diagonal.
 orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,

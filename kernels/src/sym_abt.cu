@@ -161,8 +161,8 @@ extern "C" orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, in
     // reading Bᵀ of a B that is symmetric only up to rounding made fp16 Gram NS ten times less
     // accurate (docs/gpu.md). X·Xᵀ (B == A) and non-square operands use the transpose.
     const bool transposed = B == A || k != m;
-    ORTHOPT_STATUS_TRY(gemm_impl(dtype, batch, m, m, k, A, stride_a, false, B, stride_b, transposed, alpha, C, stride_c,
-                                 beta, D, stride_d, stream));
+    ORTHOPT_STATUS_TRY(gemm_impl(dtype, dtype, batch, m, m, k, A, stride_a, false, B, stride_b, transposed, alpha, C,
+                                 stride_c, beta, D, stride_d, stream));
     return diag != 0.0f ? mirror_lower(dtype, batch, m, D, stride_d, diag, stream) : ORTHOPT_OK;
   }
   if (path != ORTHOPT_SYM_BLOCKS) return fail(ORTHOPT_ERR_INVALID, "orthopt_sym_abt: unknown argument 'path' %d", path);

@@ -86,26 +86,31 @@ at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha,
 }
 
 at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, const at::Tensor& C_in, double beta,
-                const at::Tensor& out) {
+                const at::Tensor& out, std::optional<at::ScalarType> out_dtype) {
   check_operand(A_in, A_in, "A");
   check_operand(X_in, A_in, "X");
   const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2), n = X_in.size(2);
   TORCH_CHECK(X_in.size(0) == batch && X_in.size(1) == k, "argument 'X': expected shape [", batch, ", ", k,
               ", n], got ", X_in.sizes());
+  const at::ScalarType d_dtype = out.defined() ? out.scalar_type() : out_dtype.value_or(A_in.scalar_type());
+  TORCH_CHECK(d_dtype == A_in.scalar_type() || d_dtype == at::kFloat, "argument 'out_dtype': expected ",
+              A_in.scalar_type(), " (A's) or float, got ", d_dtype);
+  const at::Tensor like = A_in.scalar_type() == d_dtype ? A_in : A_in.new_empty({0}, A_in.options().dtype(d_dtype));
   // An operand that is the transpose of a contiguous tensor is read as stored (op T).
   const bool a_t = is_transposed_view(A_in), x_t = is_transposed_view(X_in);
   const at::Tensor A = a_t ? A_in : A_in.contiguous(), X = x_t ? X_in : X_in.contiguous();
   at::Tensor C;
   if (C_in.defined()) {
-    check_operand(C_in, A_in, "C");
-    TORCH_CHECK(C_in.size(0) == batch && C_in.size(1) == m && C_in.size(2) == n, "argument 'C': expected shape [",
-                batch, ", ", m, ", ", n, "], got ", C_in.sizes());
+    TORCH_CHECK(C_in.dim() == 3 && C_in.size(0) == batch && C_in.size(1) == m && C_in.size(2) == n,
+                "argument 'C': expected shape [", batch, ", ", m, ", ", n, "], got ", C_in.sizes());
+    check_operand(C_in, like, "C");
     C = C_in.contiguous();
   }
   const c10::cuda::CUDAGuard guard(A.device());
-  const at::Tensor D = output(out, A, {batch, m, n});
-  check_status(orthopt_gemm(kernel_dtype(A), batch, m, n, k, A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n,
-                            x_t ? 1 : 0, static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
+  const at::Tensor D = output(out, like, {batch, m, n});
+  check_status(orthopt_gemm(kernel_dtype(A), d_dtype == at::kFloat ? ORTHOPT_FP32 : kernel_dtype(A), batch, m, n, k,
+                            A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n, x_t ? 1 : 0,
+                            static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,
                             static_cast<float>(beta), D.data_ptr(), m * n, at::cuda::getCurrentCUDAStream().stream()),
                "orthopt_gemm");
   return D;

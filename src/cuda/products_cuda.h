@@ -6,6 +6,8 @@
 #ifdef ORTHOPT_WITH_CUDA
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace orthopt::cuda {
 
 // Whether the kernels take this operand: a CUDA tensor in bf16 or fp16, and routing not
@@ -27,9 +29,11 @@ at::Tensor sym_abt(const at::Tensor& A, const at::Tensor& B, double alpha, const
 // alpha·A·X + beta·C for A [batch, m, k], X [batch, k, n], C [batch, m, n] (undefined: none);
 // D is contiguous. A or X may be the transpose of a contiguous tensor (is_transposed_view): it is
 // read as stored, without a copy; any other layout is made contiguous first.
-// out: where to write D ([batch, m, n], contiguous, A's dtype and device; undefined: allocated).
+// D's dtype: out's when given, else out_dtype, else A's; it must be A's or fp32 (then C is fp32
+// too, and the fp32 accumulator is rounded once to fp32).
+// out: where to write D ([batch, m, n], contiguous, on A's device; undefined: allocated).
 at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at::Tensor& C, double beta,
-                const at::Tensor& out = at::Tensor());
+                const at::Tensor& out = at::Tensor(), std::optional<at::ScalarType> out_dtype = std::nullopt);
 
 // Whether scale_cast takes this input and output dtype: a CUDA tensor in fp32, bf16 or fp16, an
 // output dtype among those, and routing not switched off by ORTHOPT_GPU_KERNELS=0 (read at each

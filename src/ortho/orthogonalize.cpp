@@ -27,13 +27,23 @@ using detail::Precision;
 
 constexpr int kMaxSteps = 100;
 
-// Standard NS on X [B, m, n], m <= n, already normalized and in the compute dtype.
-at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precision& p) {
+// Standard NS on X [B, m, n], m <= n, already normalized and in the compute dtype. The result is
+// in the compute dtype, or in result_dtype where the products write it (detail::mm).
+at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precision& p,
+                       std::optional<at::ScalarType> result_dtype) {
   for (int t = 0; t < steps; ++t) {
     const auto& [a, b, c] = s.at_step(t);
-    auto A = detail::gram_product(X, p);              // X·Xᵀ
-    auto B = detail::sym_addmm(A, A, A, b, c, p);     // b·A + c·A·A
-    X = detail::addmm(X, B, X, a, 1.0, p);            // a·X + B·X
+    auto A = detail::gram_product(X, p);  // X·Xᵀ
+    if (t + 1 == steps && result_dtype && *result_dtype != X.scalar_type() &&
+        detail::writes_result_dtype(X, *result_dtype)) {
+      // The last step as (a·I + b·A + c·A·A)·X, a·I fused into the symmetric product's diagonal:
+      // one product writing the caller's dtype (fp32) instead of a·X + B·X in the compute dtype
+      // and a cast pass over the result after it.
+      auto B = detail::sym_addmm(A, A, A, b, c, p, /*diag=*/a);
+      return detail::mm(B, X, p, /*transposed_result=*/false, result_dtype);
+    }
+    auto B = detail::sym_addmm(A, A, A, b, c, p);  // b·A + c·A·A
+    X = detail::addmm(X, B, X, a, 1.0, p);         // a·X + B·X
   }
   return X;
 }
@@ -44,10 +54,11 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
 // share one batch of small products instead of one each. Each matrix gets the same operations
 // as alone. transposed[i]: batch i is a tall matrix transposed for NS; its last Q·X is written
 // in the tall layout (detail::mm's transposed_result), so that transposing the result back
-// (orthogonalize_batches) gives a contiguous tensor and nobody copies it.
+// (orthogonalize_batches) gives a contiguous tensor and nobody copies it. The last Q·X writes
+// result_dtype where the products can (detail::mm), else the compute dtype.
 std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, int steps,
                                 const std::vector<int>& restarts, const Precision& p,
-                                const std::vector<bool>& transposed) {
+                                const std::vector<bool>& transposed, std::optional<at::ScalarType> result_dtype) {
   auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
   auto gram = [&] {  // R of every batch, stacked: each written into its slice of one buffer
     if (Xs.size() == 1) return detail::gram_product(Xs[0], p);
@@ -65,7 +76,10 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
     int64_t offset = 0;
     for (size_t i = 0; i < Xs.size(); ++i) {
       const int64_t b = Xs[i].size(0);
-      Xs[i] = detail::mm(Q.narrow(0, offset, b), Xs[i], p, last && transposed[i]);
+      // The last product writes the caller's dtype where the products can: no cast pass after it.
+      const bool direct = last && result_dtype && detail::writes_result_dtype(Xs[i], *result_dtype);
+      Xs[i] = detail::mm(Q.narrow(0, offset, b), Xs[i], p, last && transposed[i],
+                         direct ? result_dtype : std::nullopt);
       offset += b;
     }
   };
@@ -195,7 +209,8 @@ bool on_side_stream(double work) {
 // parallel streams (on_side_stream; each chain's operations are those it runs alone, so the
 // results are too).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
-                                              const Schedule& s, const std::vector<at::Tensor>& norms = {}) {
+                                              const Schedule& s, const std::vector<at::Tensor>& norms = {},
+                                              std::optional<at::ScalarType> result_dtype = std::nullopt) {
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   std::vector<size_t> standard;
@@ -230,6 +245,9 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   bool transposed_result = true;
 #ifdef ORTHOPT_WITH_CUDA
   if (const std::optional<bool> forced = env_switch("ORTHOPT_GRAM_TRANSPOSED_RESULT")) transposed_result = *forced;
+  // ORTHOPT_NS_DIRECT_RESULT=0: the last product in the compute dtype and the caller's cast pass
+  // after it, as before the products wrote result_dtype themselves (A/B timings).
+  if (env_switch("ORTHOPT_NS_DIRECT_RESULT") == std::optional<bool>(false)) result_dtype.reset();
 #endif
   auto input = [&](size_t i) {
     return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
@@ -250,14 +268,15 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
                           transposed.push_back(transposed_result && tall[i] && !own_layout[i]);
                         }
                         Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device),
-                                     transposed);
+                                     transposed, result_dtype);
                         for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
                       },
                       w});
   }
   for (size_t i : standard)
     chains.push_back(
-        {[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device)); }, work[i]});
+        {[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device), result_dtype); },
+         work[i]});
 #ifdef ORTHOPT_WITH_CUDA
   if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
     // The largest chain stays on the caller's stream; the small ones go beside it, the rest
@@ -279,18 +298,16 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   return X;
 }
 
-at::Tensor orthogonalize_batch(const at::Tensor& G3, const OrthoOptions& opt, const Schedule& s) {
-  return orthogonalize_batches({G3}, opt, s)[0];
-}
-
 // [..., r, c] -> batched orthogonalization, no splitting.
-at::Tensor orthogonalize_matrices(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s) {
+at::Tensor orthogonalize_matrices(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s,
+                                  std::optional<at::ScalarType> result_dtype) {
   auto G3 = G.reshape({-1, G.size(-2), G.size(-1)});
-  return orthogonalize_batch(G3, opt, s).reshape(G.sizes());
+  return orthogonalize_batches({G3}, opt, s, {}, result_dtype)[0].reshape(G.sizes());
 }
 
 // Split rows into blocks; same-sized blocks are stacked into one batched call.
-at::Tensor orthogonalize_split(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s) {
+at::Tensor orthogonalize_split(const at::Tensor& G, const OrthoOptions& opt, const Schedule& s,
+                               std::optional<at::ScalarType> result_dtype) {
   auto blocks = G.split_with_sizes(opt.split_sizes, -2);
   std::vector<at::Tensor> out(blocks.size());
   std::map<int64_t, std::vector<size_t>> by_size;
@@ -298,7 +315,7 @@ at::Tensor orthogonalize_split(const at::Tensor& G, const OrthoOptions& opt, con
   for (const auto& [size, idx] : by_size) {
     std::vector<at::Tensor> group;
     for (size_t i : idx) group.push_back(blocks[i]);
-    auto res = orthogonalize_matrices(at::stack(group, 0), opt, s);
+    auto res = orthogonalize_matrices(at::stack(group, 0), opt, s, result_dtype);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = res[static_cast<int64_t>(j)];
   }
   return at::cat(out, -2);
@@ -430,16 +447,23 @@ void check_finite_flag(const at::Tensor& flag) {
     TORCH_CHECK(flag.item<bool>(), "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
 }
 
-}  // namespace
-
-at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOptions& opt) {
+// orthogonalize_in_compute_dtype(), or, with result_dtype, the result in that dtype where the
+// last product can write it (the GPU kernels, fp32) and in the compute dtype elsewhere.
+at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::optional<at::ScalarType> result_dtype) {
   validate_ortho_args(G, opt);
   const at::Tensor finite = finite_flag(G, opt);
   const Schedule s = resolve_schedule(opt);
   at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
-  at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s) : orthogonalize_split(M, opt, s);
+  at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s, result_dtype)
+                                           : orthogonalize_split(M, opt, s, result_dtype);
   check_finite_flag(finite);
   return out.reshape(G.sizes());
+}
+
+}  // namespace
+
+at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOptions& opt) {
+  return orthogonalize_one(G, opt, std::nullopt);
 }
 
 std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
@@ -480,7 +504,8 @@ at::Tensor detail::cast_result(const at::Tensor& X, at::ScalarType dtype) {
 }
 
 at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
-  return detail::cast_result(detail::orthogonalize_in_compute_dtype(G, opt), G.scalar_type());
+  // The last product writes G's dtype where it can; cast_result converts what it did not.
+  return detail::cast_result(orthogonalize_one(G, opt, G.scalar_type()), G.scalar_type());
 }
 
 }  // namespace orthopt

@@ -44,12 +44,14 @@ at::Tensor gram_product(const at::Tensor& X, const Precision& p, const at::Tenso
 }
 
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
-                     double alpha, const Precision& p) {
+                     double alpha, const Precision& p, double diag) {
 #ifdef ORTHOPT_WITH_CUDA
   // A·B = A·Bᵀ for a symmetric B, which is the form the kernel takes.
-  if (use_kernels(A)) return cuda::sym_abt(A, B, alpha, C, beta, 0.0);
+  if (use_kernels(A)) return cuda::sym_abt(A, B, alpha, C, beta, diag);
 #endif
-  return narrow(at::baddbmm(wide(C, p), wide(A, p), wide(B, p), beta, alpha), p);
+  at::Tensor D = at::baddbmm(wide(C, p), wide(A, p), wide(B, p), beta, alpha);
+  if (diag != 0.0) D.diagonal(0, -2, -1).add_(diag);  // emulated: before the one rounding, as in the kernels
+  return narrow(D, p);
 }
 
 at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, double beta,
@@ -60,18 +62,37 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
   return narrow(at::baddbmm(wide(C, p), wide(A, p), wide(X, p), beta, alpha), p);
 }
 
-at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result) {
+at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result,
+              std::optional<at::ScalarType> result_dtype) {
 #ifdef ORTHOPT_WITH_CUDA
   if (use_kernels(A)) {
+    // cuBLASLt writes fp32 (or the compute dtype) itself; another dtype is converted after.
+    const bool direct = result_dtype && writes_result_dtype(X, *result_dtype);
+    const std::optional<at::ScalarType> d_dtype = direct ? result_dtype : std::nullopt;
+    at::Tensor D;
     // X = Tᵀ kept in a tall matrix's layout, or a transposed result asked for: (A·X)ᵀ = Xᵀ·Aᵀ,
     // one product reading both operands as stored.
     if (cuda::is_transposed_view(X) || (transposed_result && X.is_contiguous()))
-      return cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0).transpose(1, 2);
-    return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0);
+      D = cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0, at::Tensor(), d_dtype)
+              .transpose(1, 2);
+    else
+      D = cuda::gemm(A, X, 1.0, at::Tensor(), 0.0, at::Tensor(), d_dtype);
+    return result_dtype && !direct ? D.to(*result_dtype) : D;
   }
 #endif
   (void)transposed_result;
-  return narrow(at::bmm(wide(A, p), wide(X, p)), p);
+  at::Tensor D = narrow(at::bmm(wide(A, p), wide(X, p)), p);
+  return result_dtype ? D.to(*result_dtype) : D;
+}
+
+bool writes_result_dtype(const at::Tensor& X, at::ScalarType dtype) {
+#ifdef ORTHOPT_WITH_CUDA
+  return use_kernels(X) && (dtype == at::kFloat || dtype == X.scalar_type());
+#else
+  (void)X;
+  (void)dtype;
+  return false;
+#endif
 }
 
 void add_identity_(const at::Tensor& Z, double a, const Precision& p) {

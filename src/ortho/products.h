@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace orthopt::detail {
 
 struct Precision {
@@ -23,9 +25,9 @@ struct Precision {
 // X·Xᵀ (symmetric result); written into `out` ([B, m, m], contiguous, X's dtype) when given,
 // e.g. a slice of one buffer holding the products of several batches.
 at::Tensor gram_product(const at::Tensor& X, const Precision& p, const at::Tensor& out = at::Tensor());
-// beta·C + alpha·A·B where A, B are commuting symmetric matrices (symmetric result).
+// beta·C + alpha·A·B + diag·I where A, B are commuting symmetric matrices (symmetric result).
 at::Tensor sym_addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta,
-                     double alpha, const Precision& p);
+                     double alpha, const Precision& p, double diag = 0.0);
 // beta·C + alpha·A·X for a general X.
 at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, double beta,
                  double alpha, const Precision& p);
@@ -33,7 +35,15 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
 // computed as Xᵀ·Aᵀ into a contiguous [B, n, m] tensor and returned as its transposed view, the
 // layout a tall matrix transposed for NS has (no copy to bring it back); elsewhere the flag only
 // concerns the layout and is ignored.
-at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result = false);
+// result_dtype: the result's dtype (undefined: the compute dtype). Where writes_result_dtype()
+// holds, the product is written in it directly (rounded once); elsewhere the result is rounded to
+// the compute dtype and then converted.
+at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result = false,
+              std::optional<at::ScalarType> result_dtype = std::nullopt);
+// Whether mm(A, X, ...) with operands like X writes `dtype` in its product (the GPU kernels'
+// path, dtype fp32), so that Newton–Schulz's last product can give the caller's dtype without a
+// cast pass after it.
+bool writes_result_dtype(const at::Tensor& X, at::ScalarType dtype);
 // Z ← Z + a·I (per batch entry), in place.
 void add_identity_(const at::Tensor& Z, double a, const Precision& p);
 

@@ -67,6 +67,17 @@ struct Buf {
   double at(size_t i, orthopt_dtype dt) const { return from_bits(host[i], dt); }
 };
 
+// fp32 storage (orthopt_gemm's fp32 C and D).
+struct Buf32 {
+  std::vector<float> host;
+  float* dev = nullptr;
+  explicit Buf32(size_t n) : host(n) { CHECK_CUDA(cudaMalloc(&dev, n * 4 + 16)); }
+  ~Buf32() { cudaFree(dev); }
+  void upload() { CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice)); }
+  void download() { CHECK_CUDA(cudaMemcpy(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost)); }
+  void poison() { CHECK_CUDA(cudaMemset(dev, 0xFF, host.size() * 4)); }  // 0xFFFFFFFF is NaN
+};
+
 void fill_random(Buf& b, orthopt_dtype dt, std::mt19937& rng, double scale) {
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (auto& v : b.host) v = to_bits(static_cast<float>(scale) * n(rng), dt);
@@ -146,32 +157,44 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
 }
 
 void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, int c_mode, std::mt19937& rng,
-                bool a_t = false, bool x_t = false) {
-  // c_mode: 0 no C, 1 separate C, 2 C == D (in place); a_t: A stored [k, m]; x_t: X stored [n, k]
+                bool a_t = false, bool x_t = false, bool fp32_out = false) {
+  // c_mode: 0 no C, 1 separate C, 2 C == D (in place); a_t: A stored [k, m]; x_t: X stored [n, k];
+  // fp32_out: C and D in fp32 (out_dtype ORTHOPT_FP32), else in dt
   const float alpha = 0.75f, beta = c_mode ? 1.5f : 0.0f;
-  Buf A(batch * m * k), X(batch * k * n), C(batch * m * n), D(batch * m * n);
+  const int64_t cd = batch * m * n;
+  Buf A(batch * m * k), X(batch * k * n), C(fp32_out ? 0 : cd), D(fp32_out ? 0 : cd);
+  Buf32 C32(fp32_out ? cd : 0), D32(fp32_out ? cd : 0);
   fill_random(A, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
   fill_random(X, dt, rng, 1.0);
-  fill_random(C, dt, rng, 1.0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  if (fp32_out)
+    for (auto& v : C32.host) v = normal(rng);
+  else
+    fill_random(C, dt, rng, 1.0);
+  auto c_at = [&](int64_t i) { return fp32_out ? static_cast<double>(C32.host[i]) : C.at(i, dt); };
+  auto d_at = [&](int64_t i) { return fp32_out ? static_cast<double>(D32.host[i]) : D.at(i, dt); };
   A.upload();
   X.upload();
-  C.upload();
+  fp32_out ? C32.upload() : C.upload();
   if (c_mode == 2) {
     D.host = C.host;
-    D.upload();
+    D32.host = C32.host;
+    fp32_out ? D32.upload() : D.upload();
   } else {
-    D.poison();
+    fp32_out ? D32.poison() : D.poison();
   }
-  const void* cptr = c_mode == 1 ? C.dev : (c_mode == 2 ? D.dev : nullptr);
-  orthopt_status st = orthopt_gemm(dt, batch, m, n, k, A.dev, m * k, a_t ? 1 : 0, X.dev, k * n, x_t ? 1 : 0, alpha,
-                                   cptr, m * n, beta, D.dev, m * n, nullptr);
+  void* const cdev = fp32_out ? static_cast<void*>(C32.dev) : static_cast<void*>(C.dev);
+  void* const ddev = fp32_out ? static_cast<void*>(D32.dev) : static_cast<void*>(D.dev);
+  const void* cptr = c_mode == 1 ? cdev : (c_mode == 2 ? ddev : nullptr);
+  orthopt_status st = orthopt_gemm(dt, fp32_out ? ORTHOPT_FP32 : dt, batch, m, n, k, A.dev, m * k, a_t ? 1 : 0, X.dev,
+                                   k * n, x_t ? 1 : 0, alpha, cptr, m * n, beta, ddev, m * n, nullptr);
   cudaError_t sync = cudaDeviceSynchronize();
   if (st != ORTHOPT_OK || sync != cudaSuccess) {
     std::printf("FAIL gemm: %s %s\n", orthopt_last_error(), cudaGetErrorString(sync));
     ++g_failures;
     return;
   }
-  D.download();
+  fp32_out ? D32.download() : D.download();
   double num = 0, den = 0;
   bool finite = true;
   for (int64_t z = 0; z < batch; ++z)
@@ -180,19 +203,22 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
         double s = 0;
         for (int64_t p = 0; p < k; ++p)
           s += A.at(z * m * k + (a_t ? p * m + i : i * k + p), dt) * X.at(z * k * n + (x_t ? j * k + p : p * n + j), dt);
-        const double ref = alpha * s + (c_mode ? beta * C.at(z * m * n + i * n + j, dt) : 0.0);
-        const double got = D.at(z * m * n + i * n + j, dt);
+        const double ref = alpha * s + (c_mode ? beta * c_at(z * m * n + i * n + j) : 0.0);
+        const double got = d_at(z * m * n + i * n + j);
         finite = finite && std::isfinite(got);
         num += (got - ref) * (got - ref);
         den += ref * ref;
       }
   const double err = std::sqrt(num / den);
-  const bool ok = finite && err <= bound(dt);
+  // fp32 out: no 16-bit rounding of the result, only fp32 accumulation and one fp32 rounding
+  // (≈ 2^-24·sqrt(k) relative, < 2e-6 for k ≤ 1000); 1e-5 leaves room for split-k reductions.
+  const double limit = fp32_out ? 1e-5 : bound(dt);
+  const bool ok = finite && err <= limit;
   if (!ok) ++g_failures;
-  std::printf("%s gemm %-4s %s·%s batch=%-2lld m=%-4lld n=%-4lld k=%-4lld C=%-8s rel_err=%.2e (bound %.0e)%s\n",
-              ok ? "ok  " : "FAIL", name(dt), a_t ? "Aᵀ" : "A ", x_t ? "Xᵀ" : "X ", (long long)batch, (long long)m,
-              (long long)n, (long long)k,
-              c_mode == 0 ? "none" : (c_mode == 1 ? "separate" : "in-place"), err, bound(dt),
+  std::printf("%s gemm %-4s→%-4s %s·%s batch=%-2lld m=%-4lld n=%-4lld k=%-4lld C=%-8s rel_err=%.2e (bound %.0e)%s\n",
+              ok ? "ok  " : "FAIL", name(dt), name(fp32_out ? ORTHOPT_FP32 : dt), a_t ? "Aᵀ" : "A ", x_t ? "Xᵀ" : "X ",
+              (long long)batch, (long long)m, (long long)n, (long long)k,
+              c_mode == 0 ? "none" : (c_mode == 1 ? "separate" : "in-place"), err, limit,
               finite ? "" : " NON-FINITE/UNWRITTEN");
 }
 
@@ -215,9 +241,13 @@ void check_errors() {
   const bool ok4 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "'index'") != nullptr;
   const bool ok5 = orthopt_side_stream(0, &s0) == ORTHOPT_OK && orthopt_side_stream(0, &s0_again) == ORTHOPT_OK &&
                    orthopt_side_stream(1, &s1) == ORTHOPT_OK && s0 && s0 == s0_again && s1 != s0;
-  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5;
+  // orthopt_gemm writes D in its inputs' dtype or fp32, nothing else.
+  st = orthopt_gemm(ORTHOPT_BF16, ORTHOPT_FP16, 1, 8, 8, 8, &s0, 64, 0, &s0, 64, 0, 1, nullptr, 0, 0, &s0, 64,
+                    nullptr);
+  const bool ok6 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "'out_dtype'") != nullptr;
+  const bool ok = ok1 && ok2 && ok3 && ok4 && ok5 && ok6;
   if (!ok) ++g_failures;
-  std::printf("%s argument errors (%d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5);
+  std::printf("%s argument errors (%d %d %d %d %d %d)\n", ok ? "ok  " : "FAIL", ok1, ok2, ok3, ok4, ok5, ok6);
 }
 
 // ---- multi-tensor elementwise kernels (orthopt_multi_*) against float64 references.
@@ -1459,6 +1489,11 @@ int main(int argc, char** argv) {
     check_gemm(dt, 2, 96, 96, 200, 0, rng, /*a_t=*/true, /*x_t=*/false);
     check_gemm(dt, 2, 72, 96, 96, 1, rng, /*a_t=*/false, /*x_t=*/true);
     check_gemm(dt, 3, 64, 80, 48, 2, rng, /*a_t=*/true, /*x_t=*/true);
+    // fp32 C and D (Newton–Schulz's last product in the caller's dtype)
+    check_gemm(dt, 2, 96, 200, 72, 0, rng, false, false, /*fp32_out=*/true);
+    check_gemm(dt, 1, 128, 136, 128, 1, rng, false, false, true);
+    check_gemm(dt, 3, 64, 80, 64, 2, rng, false, false, true);
+    check_gemm(dt, 2, 96, 96, 200, 0, rng, /*a_t=*/true, /*x_t=*/true, true);
     if (!quick) check_gemm(dt, 2, 512, 1000, 512, 1, rng);
   }
   check_multi(quick, rng);

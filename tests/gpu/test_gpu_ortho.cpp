@@ -46,6 +46,11 @@ struct KernelsOff {  // the ATen reference path for the rest of the scope
   ~KernelsOff() { unsetenv("ORTHOPT_GPU_KERNELS"); }
 };
 
+struct DirectResultOff {  // NS's last product in the compute dtype, then a cast (the old path)
+  DirectResultOff() { setenv("ORTHOPT_NS_DIRECT_RESULT", "0", 1); }
+  ~DirectResultOff() { unsetenv("ORTHOPT_NS_DIRECT_RESULT"); }
+};
+
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -352,7 +357,8 @@ TEST_F(Gpu, KernelNsInputMatchesReferencePath) {
 }
 
 // The internal entry point the fused optimizer step uses: the NS result in the compute dtype,
-// G's shape, tall ones as transposed views; orthogonalize() is exactly its cast.
+// G's shape, tall ones as transposed views; orthogonalize() with its last product kept in the
+// compute dtype (ORTHOPT_NS_DIRECT_RESULT=0) is exactly its cast.
 TEST_F(Gpu, ResultInComputeDtype) {
   orthopt::OrthoOptions opt;
   opt.method = orthopt::OrthoMethod::Standard;
@@ -367,7 +373,48 @@ TEST_F(Gpu, ResultInComputeDtype) {
     if (tall) {
       EXPECT_TRUE(res.transpose(-2, -1).is_contiguous());
     }
+    DirectResultOff old_path;
     EXPECT_TRUE(at::equal(res.to(at::kFloat), orthopt::orthogonalize(G, opt)));
+  }
+}
+
+// orthogonalize() of an fp32 G on the kernels' path: NS's last product writes fp32 itself
+// (standard NS: (a·I + b·A + c·A·A)·X, a·I fused into the symmetric product; Gram NS: Q·X),
+// instead of the compute dtype and a cast pass after it. Same dtype, shape and strides as the
+// cast of the compute-dtype result; no bf16/fp16 rounding of the output, so about as close to
+// the float64 iteration as that cast (whose error, ≈ 1e-2, is the iteration's; bound 1.1×).
+// Between the two (standard NS, bf16): the off-diagonal entries of B and of a·I + B are the same
+// bf16 numbers, so they differ by the rounding of B's diagonal, of the fused diagonal and of the
+// cast's output, ≈ 1.6e-3 Frobenius-relative each (half an ulp of 2^-7, spread), ≈ 3e-3 together;
+// bound 8e-3. Gram NS (fp16): the output rounding only.
+TEST_F(Gpu, LastProductWritesCallersDtype) {
+  for (auto method : {orthopt::OrthoMethod::Standard, orthopt::OrthoMethod::Gram}) {
+    orthopt::OrthoOptions opt;
+    opt.method = method;
+    orthopt::OrthoOptions ref_opt = opt;
+    ref_opt.method = orthopt::OrthoMethod::Standard;
+    ref_opt.compute_dtype = at::kDouble;
+    // wide and tall; Gram: m = 200 (own layout when tall) and m = 1100 (transposed, result
+    // written back in the tall layout)
+    for (auto shape : {std::vector<int64_t>{2, 200, 456}, {2, 456, 200}, {1100, 2400}, {2400, 1100}}) {
+      const at::Tensor G = spread_shape(shape).cuda();
+      (void)orthopt::orthogonalize(G, opt);  // warm-up (algorithm choice)
+      const at::Tensor direct = orthopt::orthogonalize(G, opt);
+      at::Tensor cast;
+      {
+        DirectResultOff old_path;
+        cast = orthopt::orthogonalize(G, opt);
+      }
+      EXPECT_EQ(direct.scalar_type(), at::kFloat);
+      EXPECT_EQ(direct.sizes(), G.sizes());
+      EXPECT_EQ(direct.strides(), cast.strides()) << at::IntArrayRef(shape);
+      const at::Tensor ref = orthopt::orthogonalize(G.cpu().to(at::kDouble), ref_opt);
+      const double e_direct = rel_err(direct, ref), e_cast = rel_err(cast, ref), between = rel_err(direct, cast);
+      std::printf("%s %s: rel err vs float64 %.3e direct, %.3e cast; between %.3e\n", orthopt::to_string(method),
+                  c10::str(at::IntArrayRef(shape)).c_str(), e_direct, e_cast, between);
+      EXPECT_LE(e_direct, 1.1 * e_cast);
+      EXPECT_LE(between, 8e-3);
+    }
   }
 }
 
