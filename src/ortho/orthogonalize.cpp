@@ -145,6 +145,16 @@ bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m)
 #endif
 }
 
+#ifdef ORTHOPT_WITH_CUDA
+// The per-matrix Frobenius norms [B, 1, 1] of G3 in fp32, reduced over G3 as stored: what the
+// GPU kernels' path of normalized_input scales by when the caller has no norms.
+at::Tensor kernel_path_norms(const at::Tensor& G3) {
+  const at::Tensor G = G3.contiguous();
+  const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
+  return at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+}
+#endif
+
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
 // where X = G3, or its transpose when tall; with own_layout (tall, CUDA kernels), the transposed
 // view of the scaled G3 instead. Normalization always in fp32 (or fp64 when that is the compute
@@ -164,11 +174,7 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
     // step sums each row's squares in its momentum pass) replaces the reduction; it agrees with
     // it up to the order of the fp32 sums.
     const at::Tensor G = G3.contiguous();
-    at::Tensor norm = given_norm;
-    if (!norm.defined()) {
-      const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
-      norm = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);  // [B, 1, 1]
-    }
+    const at::Tensor norm = given_norm.defined() ? given_norm : kernel_path_norms(G);
     if (own_layout) return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/false).transpose(1, 2);
     return cuda::scale_cast(G, norm, s.safety, s.eps, compute, /*transpose=*/tall);
   }
@@ -438,25 +444,56 @@ namespace {
 // read (one host sync) only after the work is enqueued, so the GPU does not idle while the host
 // launches the work after the sync (the cost of reading it first was not measured apart from the
 // spread between machines: bench/results/2026-12-01-h200-dion-peer.md).
-at::Tensor finite_flag(const at::Tensor& G, const OrthoOptions& opt) {
-  return opt.nonfinite == NonFinitePolicy::Error ? at::isfinite(G).all() : at::Tensor();
-}
+struct FiniteCheck {
+  at::Tensor flag;  // undefined: no check
+  // Set when the flag says whether G's norms are finite (see orthogonalize_one): a norm is also
+  // infinite when finite entries' squares overflow fp32 (beyond ≈ 1.8e19), so only then is G
+  // checked entry by entry.
+  at::Tensor G_of_norms;
 
-void check_finite_flag(const at::Tensor& flag) {
-  if (flag.defined())
-    TORCH_CHECK(flag.item<bool>(), "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
+  void verify() const {
+    if (!flag.defined() || flag.item<bool>()) return;
+    if (G_of_norms.defined() && at::isfinite(G_of_norms).all().item<bool>()) return;
+    TORCH_CHECK(false, "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
+  }
+};
+
+FiniteCheck finite_check(const at::Tensor& G, const OrthoOptions& opt) {
+  return {opt.nonfinite == NonFinitePolicy::Error ? at::isfinite(G).all() : at::Tensor(), at::Tensor()};
 }
 
 // orthogonalize_in_compute_dtype(), or, with result_dtype, the result in that dtype where the
 // last product can write it (the GPU kernels, fp32) and in the compute dtype elsewhere.
 at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::optional<at::ScalarType> result_dtype) {
   validate_ortho_args(G, opt);
-  const at::Tensor finite = finite_flag(G, opt);
   const Schedule s = resolve_schedule(opt);
-  at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
-  at::Tensor out = opt.split_sizes.empty() ? orthogonalize_matrices(M, opt, s, result_dtype)
-                                           : orthogonalize_split(M, opt, s, result_dtype);
-  check_finite_flag(finite);
+  const at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
+  if (!opt.split_sizes.empty()) {
+    const FiniteCheck finite = finite_check(G, opt);
+    const at::Tensor out = orthogonalize_split(M, opt, s, result_dtype);
+    finite.verify();
+    return out.reshape(G.sizes());
+  }
+  const at::Tensor G3 = M.reshape({-1, M.size(-2), M.size(-1)});
+  std::vector<at::Tensor> norms;
+  FiniteCheck finite;
+#ifdef ORTHOPT_WITH_CUDA
+  // NonFinitePolicy::Error where the GPU kernels prepare the NS input: the norms its scaling
+  // takes are computed here and flag G, instead of a separate pass over G (isfinite reads 4 bytes
+  // and writes 1 per fp32 element: ≈ 0.8 ms of NS 32×7168×2048 on an H200, estimated).
+  if (opt.nonfinite == NonFinitePolicy::Error) {
+    const bool tall = G3.size(1) > G3.size(2);
+    const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
+    const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), resolve_method(m, n, opt));
+    if (cuda::scale_cast_handles(G3, compute)) {
+      norms.push_back(kernel_path_norms(G3));
+      finite = {at::isfinite(norms[0]).all(), G3};
+    }
+  }
+#endif
+  if (!finite.flag.defined()) finite = finite_check(G, opt);
+  const at::Tensor out = orthogonalize_batches({G3}, opt, s, norms, result_dtype)[0];
+  finite.verify();
   return out.reshape(G.sizes());
 }
 
@@ -475,8 +512,8 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
   TORCH_CHECK(norms.empty() || norms.size() == Gs.size(), "argument 'norms': expected none or ", Gs.size(),
               " tensors, got ", norms.size());
   if (Gs.empty()) return {};
-  std::vector<at::Tensor> finite;
-  for (const auto& G : Gs) finite.push_back(finite_flag(G, opt));
+  std::vector<FiniteCheck> finite;
+  for (const auto& G : Gs) finite.push_back(finite_check(G, opt));
   const Schedule s = resolve_schedule(opt);
   std::vector<at::Tensor> G3s, norm3s;
   for (size_t i = 0; i < Gs.size(); ++i) {
@@ -491,7 +528,7 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
     norm3s.push_back(n.reshape({-1, 1, 1}));
   }
   auto out = orthogonalize_batches(G3s, opt, s, norm3s);
-  for (const auto& f : finite) check_finite_flag(f);
+  for (const auto& f : finite) f.verify();
   for (size_t i = 0; i < Gs.size(); ++i) out[i] = out[i].reshape(Gs[i].sizes());
   return out;
 }

@@ -451,3 +451,40 @@ TEST_F(Gpu, ManyGramBanksMatchPerInput) {
 }
 
 }  // namespace
+
+// NonFinitePolicy::Error (the default) on the kernels' path: G is flagged by the NS input's own
+// norms instead of a separate isfinite pass over G. NaN and ±Inf entries are refused, naming
+// G; finite entries whose squares overflow fp32 (1e20: the norm is Inf) are not; a finite G gets
+// the same result as with the check off, bit for bit (the same norms scale the input).
+TEST_F(Gpu, NonFiniteInputFlaggedByNorms) {
+  auto refuses = [](const at::Tensor& B, const orthopt::OrthoOptions& o) {
+    try {
+      (void)orthopt::orthogonalize(B, o);
+    } catch (const c10::Error& e) {
+      return std::string(e.what()).find("argument 'G'") != std::string::npos;
+    }
+    return false;
+  };
+  for (auto method : {orthopt::OrthoMethod::Standard, orthopt::OrthoMethod::Gram}) {
+    orthopt::OrthoOptions check;
+    check.method = method;
+    orthopt::OrthoOptions off = check;
+    off.nonfinite = orthopt::NonFinitePolicy::Propagate;
+    for (auto shape : {std::vector<int64_t>{3, 96, 160}, {3, 160, 96}}) {
+      for (auto dt : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor G = spread_shape(shape).to(dt).cuda();
+        EXPECT_TRUE(at::equal(orthopt::orthogonalize(G, check), orthopt::orthogonalize(G, off)));
+        for (float bad : {NAN, INFINITY, -INFINITY}) {
+          at::Tensor B = G.clone();
+          B[1][3][5] = bad;
+          EXPECT_TRUE(refuses(B, check)) << bad << " " << at::IntArrayRef(shape) << " " << dt;
+        }
+        if (dt == at::kFloat) {
+          const at::Tensor huge = G * 1e20;  // finite, ‖·‖² overflows fp32
+          EXPECT_TRUE(at::isfinite(huge).all().item<bool>());
+          EXPECT_NO_THROW((void)orthopt::orthogonalize(huge, check)) << at::IntArrayRef(shape);
+        }
+      }
+    }
+  }
+}
