@@ -56,27 +56,25 @@ double from_bits(uint16_t b, orthopt_dtype dt) {
   return __half2float(h);
 }
 
-struct Buf {
-  std::vector<uint16_t> host;
-  uint16_t* dev = nullptr;
-  explicit Buf(size_t n) : host(n) { CHECK_CUDA(cudaMalloc(&dev, n * 2 + 16)); }
-  ~Buf() { cudaFree(dev); }
-  void upload() { CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 2, cudaMemcpyHostToDevice)); }
-  void download() { CHECK_CUDA(cudaMemcpy(host.data(), dev, host.size() * 2, cudaMemcpyDeviceToHost)); }
-  void poison() { CHECK_CUDA(cudaMemset(dev, 0xFF, host.size() * 2)); }  // 0xFFFF is NaN in bf16 and fp16
+// A host array and its device copy (16 bytes of slack past the end).
+template <typename E>
+struct DeviceArray {
+  std::vector<E> host;
+  E* dev = nullptr;
+  explicit DeviceArray(size_t n) : host(n) { CHECK_CUDA(cudaMalloc(&dev, n * sizeof(E) + 16)); }
+  ~DeviceArray() { cudaFree(dev); }
+  void upload() { CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * sizeof(E), cudaMemcpyHostToDevice)); }
+  void download() { CHECK_CUDA(cudaMemcpy(host.data(), dev, host.size() * sizeof(E), cudaMemcpyDeviceToHost)); }
+  // All bits set: NaN in bf16, fp16 and fp32 alike.
+  void poison() { CHECK_CUDA(cudaMemset(dev, 0xFF, host.size() * sizeof(E))); }
+};
+
+struct Buf : DeviceArray<uint16_t> {  // bf16 or fp16 storage
+  using DeviceArray::DeviceArray;
   double at(size_t i, orthopt_dtype dt) const { return from_bits(host[i], dt); }
 };
 
-// fp32 storage (orthopt_gemm's fp32 C and D).
-struct Buf32 {
-  std::vector<float> host;
-  float* dev = nullptr;
-  explicit Buf32(size_t n) : host(n) { CHECK_CUDA(cudaMalloc(&dev, n * 4 + 16)); }
-  ~Buf32() { cudaFree(dev); }
-  void upload() { CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice)); }
-  void download() { CHECK_CUDA(cudaMemcpy(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost)); }
-  void poison() { CHECK_CUDA(cudaMemset(dev, 0xFF, host.size() * 4)); }  // 0xFFFFFFFF is NaN
-};
+using Buf32 = DeviceArray<float>;  // fp32 storage (orthopt_gemm's fp32 C and D)
 
 void fill_random(Buf& b, orthopt_dtype dt, std::mt19937& rng, double scale) {
   std::normal_distribution<float> n(0.0f, 1.0f);
