@@ -11,15 +11,22 @@
 // nearest even in the output type. Widening bf16/fp16 to fp32 is exact. So the kernel matches
 // the ATen reference bit for bit, whatever the layout.
 //
-// Paths: transpose → 64×64 tiles through shared memory (fp32 tile padded by one column, so both
-// the row-wise writes and the column-wise reads of the tile are free of bank conflicts; global
-// reads and writes are coalesced along rows of the input and of the output); no transpose (or a
-// transpose of a single row or column, which does not move anything) → elementwise, 16-byte
-// loads and stores when both pointers are aligned and every matrix holds a whole number of
-// vectors, scalar otherwise. Nothing is allocated and nothing waits for the host, so calls can
-// be captured in a CUDA graph.
+// Paths: transpose → 64×64 fp32 tiles through shared memory, global reads and writes coalesced
+// along rows of the input and of the output, by one of two kernels:
+//   - 16-byte (scale_cast_transpose_vec_kernel), when every row of the input and of the output
+//     starts 16-byte aligned (both pointers aligned, cols·sizeof(in) and rows·sizeof(out)
+//     multiples of 16): a 16-byte load or store moves 4 to 8 elements, where one element per
+//     access leaves the transpose well short of the elementwise cast's bandwidth;
+//   - one element per access (scale_cast_transpose_kernel), any shape and alignment.
+//   ORTHOPT_TRANSPOSE_VEC=0 (read at each call) forces the second kernel (A/B timings).
+// No transpose (or a transpose of a single row or column, which does not move anything) →
+// elementwise, 16-byte loads and stores when both pointers are aligned and every matrix holds a
+// whole number of vectors, scalar otherwise. Nothing is allocated and nothing waits for the
+// host, so calls can be captured in a CUDA graph.
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "internal.h"
 
@@ -30,7 +37,15 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // elementwise grid cap (grid-stride loops beyond)
 constexpr int kTile = 64;                          // transpose tile, kTile × kTile elements
 constexpr int kTx = 32, kTy = 8;                   // transpose block: each thread 2 columns × 8 rows
-constexpr int64_t kMaxGridY = 65535;               // batch entries per launch row; more are looped
+// 16-byte transpose, blocks of kThreads per multiprocessor: on Hopper 8, the 2048 threads it holds
+// (32 registers each, no spills; 8 × 16 KiB of tiles), for up to 128 KiB (fp32 in) or 64 KiB of
+// loads in flight; elsewhere 4, which every architecture holds (sm_75: 1024 threads).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+constexpr int kVecBlocksPerSm = 8;
+#else
+constexpr int kVecBlocksPerSm = 4;
+#endif
+constexpr int64_t kMaxGridY = 65535;               // batch entries per launch; more: looped or launched again
 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -138,6 +153,98 @@ __global__ void __launch_bounds__(kTx* kTy, 4)
   }
 }
 
+// out[b] = op(in[b])ᵀ with 16-byte global accesses; every row of in and out starts 16-byte aligned.
+// Block (t, b) moves tile t (input rows [r0, r0 + 64), columns [c0, c0 + 64)) of matrix b, through
+// an fp32 tile; the division happens on the way out. One matrix per block: a loop over the batch
+// (as in scale_cast_transpose_kernel) would hold its state in registers across the tile and spill.
+//   Loads: kIn = 16 / sizeof(TIn) consecutive elements of an input row (4 fp32, 8 bf16/fp16), at
+// tile row ltr + kLoadRows·i, columns ltc + [0, kIn); a warp reads 2 or 4 whole 64-element rows.
+//   Stores: kOut = 16 / sizeof(TOut) consecutive elements of an output row, i.e. kOut input rows
+// of one input column gathered from the tile. Warp w writes output rows (tile columns) 4w + [0, 4)
+// and 32 + 4w + [0, 4), lane / 8 picking one, 8 vectors of each (lane % 8 picks one; fp32 out
+// takes two passes for the 64 elements): whole 32-byte sectors.
+//   Rows or columns past the matrix: whole vectors are skipped (alignment makes every vector all
+// in or all out).
+//
+// The tile is fp32 64×64 unpadded, so its rows stay 16-byte aligned for 16-byte shared stores;
+// instead, chunk q (4 floats, 4 banks) of row r is stored at chunk q ^ ((r / kOut) % 8). Bank
+// conflicts: none. Column reads: a warp reads 4 adjacent columns (the 4 banks of one chunk) at 8
+// rows with distinct (r / kOut) % 8, i.e. in 8 chunks of distinct banks. Row writes, 16-byte
+// stores served per quarter warp: 8 lanes store 8 chunks of one row; fp32 in, 8 consecutive
+// chunks; bf16/fp16 in, each lane holds two chunks 2v, 2v + 1 and lanes v ≥ 4 store theirs in the
+// other order, so that each instruction's chunks (0, 2, 4, 6, 9, 11, 13, 15, then the others) are
+// distinct mod 8.
+template <typename TIn, typename TOut>
+__global__ void __launch_bounds__(kThreads, kVecBlocksPerSm)
+    scale_cast_transpose_vec_kernel(int64_t rows, int64_t cols, int64_t tiles_c, const TIn* __restrict__ in,
+                                    const float* __restrict__ norm, float safety, float eps,
+                                    TOut* __restrict__ out) {
+  constexpr int kIn = 16 / sizeof(TIn), kOut = 16 / sizeof(TOut);  // elements per 16-byte access
+  constexpr int kInVecs = kTile / kIn;                               // loads per tile row: 16 or 8
+  constexpr int kLoadRows = kThreads / kInVecs;                      // tile rows per block load: 16 or 32
+  constexpr int kLoads = kTile / kLoadRows;                          // loads per thread: 4 or 2
+  constexpr int kChunks = kIn / 4;                                   // 4-float chunks per load: 1 or 2
+  constexpr int kHalves = kTile / kOut / 8;                          // warp passes per tile column: 2 or 1
+  constexpr int kStores = 2 * kHalves;                               // stores per thread: 4 or 2
+  static_assert(kThreads == 256 && kTile == 64, "the thread layout above");
+  __shared__ __align__(16) float tile[kTile][kTile];
+  const int64_t t = blockIdx.x, b = blockIdx.y;
+  const int64_t r0 = (t / tiles_c) * kTile, c0 = (t % tiles_c) * kTile;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+
+  const int ltr = tid / kInVecs, ltc = kIn * (tid % kInVecs);
+  const TIn* src = in + b * rows * cols + (r0 + ltr) * cols + c0 + ltc;
+  Pack<TIn, kIn> x[kLoads] = {};  // zeros for loads past the matrix (read by no store)
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i)
+    if (c0 + ltc < cols && r0 + ltr + kLoadRows * i < rows)
+      x[i] = *reinterpret_cast<const Pack<TIn, kIn>*>(src + kLoadRows * i * cols);
+  const int swap = kChunks == 2 && tid % 8 >= 4;  // second chunk first (bank conflicts, above)
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = ltr + kLoadRows * i;
+    // The load's first and last 4 elements (the same 4 for fp32).
+    const float4 first = make_float4(widen(x[i].v[0]), widen(x[i].v[1]), widen(x[i].v[2]), widen(x[i].v[3]));
+    const float4 last =
+        make_float4(widen(x[i].v[kIn - 4]), widen(x[i].v[kIn - 3]), widen(x[i].v[kIn - 2]), widen(x[i].v[kIn - 1]));
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h) {
+      const int j = h ^ swap, q = ltc / 4 + j;
+      *reinterpret_cast<float4*>(&tile[r][4 * (q ^ (r / kOut % 8))]) = j ? last : first;
+    }
+  }
+  __syncthreads();
+
+  // Store i: tile column oc + dc, tile rows orow + dr + [0, kOut) (dc = 32·(i / kHalves),
+  // dr = 32·(i % kHalves)), all in chunk slot (oc / 4) ^ (lane % 8) (+ 8 past column 32): each
+  // read is at tile_out plus a constant.
+  const int oc = 4 * warp + lane / 8, orow = kOut * (lane % 8);
+  const float* tile_out = &tile[orow][4 * ((oc / 4) ^ (lane % 8)) + oc % 4];
+  TOut* dst = out + b * rows * cols + (c0 + oc) * rows + r0 + orow;
+  const float d = norm ? divisor(norm, b, safety, eps) : 1.0f;
+#pragma unroll
+  for (int i = 0; i < kStores; ++i) {
+    const int dc = 32 * (i / kHalves), dr = 32 * (i % kHalves);
+    if (c0 + oc + dc < cols && r0 + orow + dr < rows) {
+      Pack<TOut, kOut> y;
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        const float e = tile_out[(dr + k) * kTile + dc];
+        y.v[k] = narrow<TOut>(norm ? __fdiv_rn(e, d) : e);
+      }
+      // __stwb: a plain 16-byte store; assigning the Pack let nvcc split it into 4-byte stores.
+      __stwb(reinterpret_cast<uint4*>(dst + dc * rows + dr), reinterpret_cast<const uint4&>(y));
+    }
+  }
+}
+
+// The 16-byte transpose unless ORTHOPT_TRANSPOSE_VEC=0 (read at each call, so that a timing run
+// can switch between the two kernels within one process).
+bool transpose_vec_enabled() {
+  const char* v = std::getenv("ORTHOPT_TRANSPOSE_VEC");
+  return !(v && std::string_view(v) == "0");
+}
+
 size_t element_size(orthopt_dtype t) { return t == ORTHOPT_FP32 ? 4 : 2; }
 
 bool valid_scale_cast_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
@@ -170,6 +277,19 @@ orthopt_status launch(int64_t batch, int64_t rows, int64_t cols, const void* in_
       return fail(ORTHOPT_ERR_INVALID, "orthopt_scale_cast: arguments 'rows' x 'cols' = %lld x %lld are too large "
                   "to transpose in one launch", (long long)rows, (long long)cols);
     const dim3 grid(static_cast<unsigned>(tiles_r * tiles_c), static_cast<unsigned>(batch < kMaxGridY ? batch : kMaxGridY));
+    // Every row of in and out starts 16-byte aligned: the pointers, and the row (so also matrix) strides.
+    const bool rows_aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                              cols * sizeof(TIn) % 16 == 0 && rows * sizeof(TOut) % 16 == 0;
+    if (rows_aligned && transpose_vec_enabled()) {
+      for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {  // one matrix per grid row
+        const int64_t nb = batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY;
+        scale_cast_transpose_vec_kernel<TIn, TOut>
+            <<<dim3(grid.x, static_cast<unsigned>(nb)), kThreads, 0, stream>>>(
+                rows, cols, tiles_c, in + b0 * mat, norm ? norm + b0 : nullptr, safety, eps, out + b0 * mat);
+        ORTHOPT_CUDA_TRY(cudaGetLastError());
+      }
+      return ORTHOPT_OK;
+    }
     scale_cast_transpose_kernel<TIn, TOut>
         <<<grid, dim3(kTx, kTy), 0, stream>>>(batch, rows, cols, tiles_c, in, norm, safety, eps, out);
     ORTHOPT_CUDA_TRY(cudaGetLastError());

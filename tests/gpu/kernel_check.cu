@@ -1234,8 +1234,9 @@ struct GuardedBuf {
   }
 };
 
-// All 9 dtype pairs × transpose on/off × with/without norm on one shape.
-void check_scale_cast(int64_t batch, int64_t rows, int64_t cols, bool misalign, std::mt19937& rng) {
+// All 9 dtype pairs × transpose on/off × with/without norm on one shape; note ends the line.
+void check_scale_cast(int64_t batch, int64_t rows, int64_t cols, bool misalign, std::mt19937& rng,
+                      const char* note = "") {
   const int64_t n = batch * rows * cols, mat = rows * cols;
   const float safety = static_cast<float>(1.02), eps = static_cast<float>(1e-7);
   // Per-matrix norms, log-uniform over [1e-2, 1e2]; one tiny (eps matters, fp16 outputs overflow).
@@ -1308,9 +1309,9 @@ void check_scale_cast(int64_t batch, int64_t rows, int64_t cols, bool misalign, 
   }
   cudaFree(norm_dev);
   if (failed) ++g_failures;
-  std::printf("%s scale_cast batch=%-6lld rows=%-5lld cols=%-5lld %s %d/%d configurations bit-exact%s%s\n",
+  std::printf("%s scale_cast batch=%-6lld rows=%-5lld cols=%-5lld %s %d/%d configurations bit-exact%s%s%s\n",
               failed ? "FAIL" : "ok  ", (long long)batch, (long long)rows, (long long)cols,
-              misalign ? "misaligned" : "aligned   ", combos - failed, combos, failed ? "; first: " : "",
+              misalign ? "misaligned" : "aligned   ", combos - failed, combos, note, failed ? "; first: " : "",
               first_failure.c_str());
 }
 
@@ -1399,10 +1400,18 @@ void check_scale_casts(bool quick, std::mt19937& rng) {
     int64_t batch, rows, cols;
     bool misalign;
   };
+  // Transposed, the 16-byte kernel takes a shape when cols·sizeof(in) and rows·sizeof(out) are
+  // multiples of 16 and the buffers are aligned (all but the misaligned ones are), the
+  // one-element kernel the others. 16-byte kernel for every dtype pair: 64×64 (full tiles),
+  // 64×96 (ragged columns), 200×136 and 1000×520 (ragged both ways), 8×8 (less than a tile),
+  // 64×4096, and 66000×8×8 (batch past one launch); for fp32 → fp32 only: 12×20. One-element
+  // kernel: 33×65, 129×31, 7×5, 3×5, 2×8 and the misaligned shapes. 1×1, 1×40 and 40×1 move
+  // nothing. The graph check (96×72, fp32 → bf16) takes the 16-byte kernel.
   std::vector<Shape> shapes = {
       {1, 1, 1, false},    {3, 33, 65, false}, {2, 129, 31, false}, {3, 64, 96, false},  // 16-byte path when as-is
       {3, 64, 96, true},   {1, 1, 40, false},  {2, 40, 1, false},   {2, 7, 5, false},    // scalar path
-      {2, 64, 64, false},  {1, 65, 63, true},
+      {2, 64, 64, false},  {1, 65, 63, true},  {2, 200, 136, false}, {3, 12, 20, false},
+      {1, 8, 8, false},
   };
   if (!quick) {
     shapes.push_back({3, 64, 4096, false});
@@ -1410,8 +1419,21 @@ void check_scale_casts(bool quick, std::mt19937& rng) {
     shapes.push_back({1, 4096, 72, true});
     shapes.push_back({70000, 3, 5, false});  // batch > 65535: the transposed launch loops over the batch
     shapes.push_back({66000, 2, 8, false});
+    shapes.push_back({66000, 8, 8, false});  // the 16-byte transpose, in two launches
   }
   for (const Shape& s : shapes) check_scale_cast(s.batch, s.rows, s.cols, s.misalign, rng);
+  if (!quick) {
+    // ORTHOPT_TRANSPOSE_VEC=0 (read at each call): the one-element kernel on 16-byte shapes.
+    const char* prev = std::getenv("ORTHOPT_TRANSPOSE_VEC");
+    const std::string saved = prev ? prev : "";
+    setenv("ORTHOPT_TRANSPOSE_VEC", "0", 1);
+    check_scale_cast(2, 200, 136, false, rng, " (ORTHOPT_TRANSPOSE_VEC=0)");
+    check_scale_cast(3, 64, 96, false, rng, " (ORTHOPT_TRANSPOSE_VEC=0)");
+    if (prev)
+      setenv("ORTHOPT_TRANSPOSE_VEC", saved.c_str(), 1);
+    else
+      unsetenv("ORTHOPT_TRANSPOSE_VEC");
+  }
   check_scale_cast_graph(rng);
 }
 
