@@ -16,18 +16,22 @@ orthopt_dtype kernel_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? ORTHOPT_BF16 : ORTHOPT_FP16;
 }
 
-void check_operand(const at::Tensor& t, const at::Tensor& like, const char* what) {
-  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "argument '", what, "': expected a tensor on ",
-              like.device(), ", got ", t.device());
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "argument '", what, "': expected dtype ", like.scalar_type(),
-              ", got ", t.scalar_type());
+void check_operand(const at::Tensor& t, c10::Device device, at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(t.is_cuda() && t.device() == device, "argument '", what, "': expected a tensor on ", device, ", got ",
+              t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, "argument '", what, "': expected dtype ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 3, "argument '", what, "': expected a batch [B, rows, cols], got shape ", t.sizes());
 }
 
-// The product's result: `out` checked (shape, dtype, device, contiguous), or a new tensor.
-at::Tensor output(const at::Tensor& out, const at::Tensor& like, at::IntArrayRef sizes) {
-  if (!out.defined()) return at::empty(sizes, like.options());
-  check_operand(out, like, "out");
+void check_operand(const at::Tensor& t, const at::Tensor& like, const char* what) {
+  check_operand(t, like.device(), like.scalar_type(), what);
+}
+
+// The product's result: `out` checked (shape, dtype, device, contiguous), or a new tensor with
+// like's device and the given dtype.
+at::Tensor output(const at::Tensor& out, const at::Tensor& like, at::ScalarType dtype, at::IntArrayRef sizes) {
+  if (!out.defined()) return at::empty(sizes, like.options().dtype(dtype));
+  check_operand(out, like.device(), dtype, "out");
   TORCH_CHECK(out.sizes() == sizes, "argument 'out': expected shape ", sizes, ", got ", out.sizes());
   TORCH_CHECK(out.is_contiguous(), "argument 'out': expected a contiguous tensor");
   return out;
@@ -76,7 +80,7 @@ at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha,
     C = C_in.contiguous();
   }
   const c10::cuda::CUDAGuard guard(A.device());
-  const at::Tensor D = output(out, A, {batch, m, m});
+  const at::Tensor D = output(out, A, A.scalar_type(), {batch, m, m});
   check_status(orthopt_sym_abt(kernel_dtype(A), batch, m, k, A.data_ptr(), m * k, B.data_ptr(), m * k,
                                static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * m,
                                static_cast<float>(beta), static_cast<float>(diag), D.data_ptr(), m * m,
@@ -95,7 +99,6 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
   const at::ScalarType d_dtype = out.defined() ? out.scalar_type() : out_dtype.value_or(A_in.scalar_type());
   TORCH_CHECK(d_dtype == A_in.scalar_type() || d_dtype == at::kFloat, "argument 'out_dtype': expected ",
               A_in.scalar_type(), " (A's) or float, got ", d_dtype);
-  const at::Tensor like = A_in.scalar_type() == d_dtype ? A_in : A_in.new_empty({0}, A_in.options().dtype(d_dtype));
   // An operand that is the transpose of a contiguous tensor is read as stored (op T).
   const bool a_t = is_transposed_view(A_in), x_t = is_transposed_view(X_in);
   const at::Tensor A = a_t ? A_in : A_in.contiguous(), X = x_t ? X_in : X_in.contiguous();
@@ -103,11 +106,11 @@ at::Tensor gemm(const at::Tensor& A_in, const at::Tensor& X_in, double alpha, co
   if (C_in.defined()) {
     TORCH_CHECK(C_in.dim() == 3 && C_in.size(0) == batch && C_in.size(1) == m && C_in.size(2) == n,
                 "argument 'C': expected shape [", batch, ", ", m, ", ", n, "], got ", C_in.sizes());
-    check_operand(C_in, like, "C");
+    check_operand(C_in, A_in.device(), d_dtype, "C");
     C = C_in.contiguous();
   }
   const c10::cuda::CUDAGuard guard(A.device());
-  const at::Tensor D = output(out, like, {batch, m, n});
+  const at::Tensor D = output(out, A, d_dtype, {batch, m, n});
   check_status(orthopt_gemm(kernel_dtype(A), d_dtype == at::kFloat ? ORTHOPT_FP32 : kernel_dtype(A), batch, m, n, k,
                             A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n, x_t ? 1 : 0,
                             static_cast<float>(alpha), C.defined() ? C.data_ptr() : nullptr, m * n,

@@ -479,8 +479,8 @@ at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::
   FiniteCheck finite;
 #ifdef ORTHOPT_WITH_CUDA
   // NonFinitePolicy::Error where the GPU kernels prepare the NS input: the norms its scaling
-  // takes are computed here and flag G, instead of a separate pass over G (isfinite reads 4 bytes
-  // and writes 1 per fp32 element: ≈ 0.8 ms of NS 32×7168×2048 on an H200, estimated).
+  // takes are computed here and flag G, instead of a separate pass over G (ATen's isfinite(G).all()
+  // took 2.6–2.8 ms for fp32 [32, 7168, 2048] on an H200, against 18.5 ms of NS).
   if (opt.nonfinite == NonFinitePolicy::Error) {
     const bool tall = G3.size(1) > G3.size(2);
     const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
