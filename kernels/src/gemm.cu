@@ -106,10 +106,9 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
 }  // namespace
 
 orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                         const void* A,
-                         int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x, bool x_transposed,
-                         float alpha, const void* C, int64_t stride_c, float beta, void* D, int64_t stride_d,
-                         cudaStream_t stream) {
+                         const void* A, int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x,
+                         bool x_transposed, float alpha, const void* C, int64_t stride_c, float beta, void* D,
+                         int64_t stride_d, cudaStream_t stream) {
   if (!C) {
     C = D;
     stride_c = stride_d;
