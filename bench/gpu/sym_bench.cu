@@ -179,6 +179,35 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
   return 0;
 }
 
+// The cooperative m64n256 kernel's pair orders (SYM_BENCH_N256=3): row-major against panels of
+// 4, 8 and 16 block rows (ORTHOPT_SYM_PAIR_PANEL, set before each call; the library reads it at
+// each call), round-robin in one process, without and with β·C.
+int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
+  const std::vector<int> panels = {0, 4, 8, 16};
+  std::printf("| batch×m×k | dense cuBLAS ms | row-major | panel 4 | panel 8 | panel 16 | row-major +β·C | panel 4 +β·C "
+              "| panel 8 +β·C | panel 16 +β·C |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const Operands ops(s, /*with_c=*/true);
+    std::vector<std::function<void()>> fns = {[&] { ops.dense(h, s); }};
+    for (bool with_c : {false, true})
+      for (int p : panels) {
+        const std::function<void()> product = ops.product(s, ORTHOPT_SYM_WGMMA_COOP_N256, with_c);
+        fns.push_back([p, product] {
+          setenv("ORTHOPT_SYM_PAIR_PANEL", std::to_string(p).c_str(), 1);
+          product();
+        });
+      }
+    const std::vector<double> t = interleaved_median_ms(fns, 3, repeats);
+    std::printf("| %lldx%lldx%lld |", (long long)s.batch, (long long)s.m, (long long)s.k);
+    for (double v : t) std::printf(" %.3f |", v);
+    std::printf("\n");
+  }
+  unsetenv("ORTHOPT_SYM_PAIR_PANEL");
+  std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5.\n", repeats);
+  return 0;
+}
+
 // Where the cooperative m64n256 kernel's time goes (SYM_BENCH_N256=2), round-robin, bf16, no C
 // unless said: the product, then its probes (sym_abt_wgmma_epilogue_probe, D wrong): the
 // in-place tiles only (no transposes), every tile staged in shared memory but no TMA store, the
@@ -232,6 +261,8 @@ int main(int argc, char** argv) {
     return coop_n256_table(h, shapes, repeats);
   else if (n256 && std::string(n256) == "2")
     return coop_n256_probe_table(h, shapes, repeats);
+  else if (n256 && std::string(n256) == "3")  // its pair orders
+    return coop_n256_panel_table(h, shapes, repeats);
   std::printf("| batch×m×k | dense cuBLAS ms (peer) | blocks b=512 | blocks b=1024 | native mma.sync | wgmma | wgmma pingpong | wgmma coop | pingpong +β·C | coop +β·C | wgmma pair | pair +β·C | wgmma wide | wide +β·C | pp TMA store | pp TMA +β·C | pp TMA 1 buf | pp TMA 1 buf +β·C | coop n256 | coop n256 +β·C | dense cuBLASLt | AUTO | AUTO path | AUTO/peer | peer TF/s | AUTO eff. TF/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {

@@ -86,4 +86,69 @@ inline bool operands_in_16_byte_rows(int64_t k, const void* A, int64_t stride_a,
   return true;
 }
 
+struct TilePair {
+  int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
+  bool share_a;      // the tiles share the A tile (same ti) or else the B tile (same tj)
+};
+
+// Pairs of a matrix with t block rows: (t/2)² + (t odd ? t/2 : 0) sharing A, then
+// ceil(ceil(t/2) / 2) down column 0.
+__host__ __device__ inline int64_t pairs_per_matrix(int64_t t) {
+  const int64_t p = t / 2, even_rows = (t + 1) / 2;
+  return p * p + (t % 2 ? p : 0) + (even_rows + 1) / 2;
+}
+
+__host__ __device__ inline TilePair lower_pair(int64_t idx, int t) {
+  const int64_t P = t / 2, row_pairs = P * P + (t % 2 ? P : 0);
+  TilePair pr;
+  if (idx < row_pairs) {  // row 2p starts at p², row 2p + 1 at p² + p
+    int p = static_cast<int>(sqrt(static_cast<double>(idx)));
+    while (static_cast<int64_t>(p) * p > idx) --p;
+    while (static_cast<int64_t>(p + 1) * (p + 1) <= idx) ++p;
+    const int q = static_cast<int>(idx - static_cast<int64_t>(p) * p);
+    const bool odd_row = q >= p;
+    const int i = odd_row ? 2 * p + 1 : 2 * p, j0 = odd_row ? 2 * (q - p) : 2 * q + 1;
+    pr.ti[0] = pr.ti[1] = i;
+    pr.tj[0] = j0;
+    pr.tj[1] = j0 + 1;
+    pr.share_a = true;
+  } else {
+    const int e = static_cast<int>(idx - row_pairs);
+    pr.ti[0] = 4 * e;
+    pr.ti[1] = 4 * e + 2 < t ? 4 * e + 2 : 4 * e;
+    pr.tj[0] = pr.tj[1] = 0;
+    pr.share_a = false;
+  }
+  return pr;
+}
+
+// The pairs sharing A (idx < the row pairs' count) in panel order, the others as lower_pair:
+// block rows are taken in panels of `panel` rows (panel ≤ 0: row-major, lower_pair's order), and
+// within a panel column pair by column pair, each down the panel's rows that hold it. Row i
+// holds ceil(i / 2) pairs, pair c covering columns 2c + 1, 2c + 2 (even i) or 2c, 2c + 1 (odd
+// i), so column pair c lies in the rows i ≥ 2c + 1. The pairs a panel holds are those of its
+// rows in row-major order too, only reordered: a wave of consecutive pairs then reads the A
+// tiles of a panel's rows and the B tiles of a band of columns, where row-major order reads a
+// few rows' A tiles and the B tiles of every column up to them (for fewer operand reads from
+// memory on matrices larger than L2).
+__host__ __device__ inline TilePair lower_pair_in_panels(int64_t idx, int t, int panel) {
+  TilePair pr = lower_pair(idx, t);
+  if (panel <= 0 || !pr.share_a) return pr;
+  const int i0 = pr.ti[0] / panel * panel, i1 = i0 + panel < t ? i0 + panel : t;
+  const int64_t h = i0 / 2;
+  int64_t k = idx - (h * h + (i0 % 2 ? h : 0));  // rank in the panel (row i0 starts at h², or h² + h)
+  for (int c = 0;; ++c) {
+    const int first = i0 > 2 * c + 1 ? i0 : 2 * c + 1;
+    const int64_t n = i1 > first ? i1 - first : 0;  // the panel's rows holding column pair c
+    if (k < n) {
+      const int i = first + static_cast<int>(k);
+      pr.ti[0] = pr.ti[1] = i;
+      pr.tj[0] = i % 2 ? 2 * c : 2 * c + 1;
+      pr.tj[1] = pr.tj[0] + 1;
+      return pr;
+    }
+    k -= n;
+  }
+}
+
 }  // namespace orthopt_k

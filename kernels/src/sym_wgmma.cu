@@ -1197,41 +1197,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 constexpr int kPairCtas = 2;
 constexpr size_t kHalfTileBytes = size_t(kBM / 2) * kBK * 2;  // 64 rows × 64 k
 
-struct TilePair {
-  int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
-  bool share_a;      // the tiles share the A tile (same ti) or else the B tile (same tj)
-};
-
-// Pairs of a matrix with t block rows: (t/2)² + (t odd ? t/2 : 0) sharing A, then
-// ceil(ceil(t/2) / 2) down column 0.
-__host__ __device__ inline int64_t pairs_per_matrix(int64_t t) {
-  const int64_t p = t / 2, even_rows = (t + 1) / 2;
-  return p * p + (t % 2 ? p : 0) + (even_rows + 1) / 2;
-}
-
-__device__ __forceinline__ TilePair lower_pair(int64_t idx, int t) {
-  const int64_t P = t / 2, row_pairs = P * P + (t % 2 ? P : 0);
-  TilePair pr;
-  if (idx < row_pairs) {  // row 2p starts at p², row 2p + 1 at p² + p
-    int p = static_cast<int>(sqrt(static_cast<double>(idx)));
-    while (static_cast<int64_t>(p) * p > idx) --p;
-    while (static_cast<int64_t>(p + 1) * (p + 1) <= idx) ++p;
-    const int q = static_cast<int>(idx - static_cast<int64_t>(p) * p);
-    const bool odd_row = q >= p;
-    const int i = odd_row ? 2 * p + 1 : 2 * p, j0 = odd_row ? 2 * (q - p) : 2 * q + 1;
-    pr.ti[0] = pr.ti[1] = i;
-    pr.tj[0] = j0;
-    pr.tj[1] = j0 + 1;
-    pr.share_a = true;
-  } else {
-    const int e = static_cast<int>(idx - row_pairs);
-    pr.ti[0] = 4 * e;
-    pr.ti[1] = 4 * e + 2 < t ? 4 * e + 2 : 4 * e;
-    pr.tj[0] = pr.tj[1] = 0;
-    pr.share_a = false;
-  }
-  return pr;
-}
+// TilePair, pairs_per_matrix, lower_pair, lower_pair_in_panels: sym_tiles.h (the host checks them).
 
 // A pair (item `item` of the flattened batch × pairs list) as the operands' block rows: matrix
 // z, D's rows row .. against the 128 columns col[b] .. of tile b (b = 0, 1), computed from the
@@ -1243,8 +1209,9 @@ struct PairUnit {
   int z, row, col[2];
   bool transposed, second;
 };
-__device__ __forceinline__ PairUnit locate_pair_unit(int64_t item, int64_t pairs_per_mat, int t, int row_offset = 0) {
-  const TilePair pr = lower_pair(item % pairs_per_mat, t);
+__device__ __forceinline__ PairUnit locate_pair_unit(int64_t item, int64_t pairs_per_mat, int t, int row_offset = 0,
+                                                     int panel = 0) {
+  const TilePair pr = lower_pair_in_panels(item % pairs_per_mat, t, panel);
   PairUnit u;
   u.z = static_cast<int>(item / pairs_per_mat);
   u.transposed = !pr.share_a;
@@ -1610,7 +1577,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
                                int m, int k, float alpha, float beta, float diag, int64_t pairs_per_mat,
-                               int64_t total_pairs) {
+                               int64_t total_pairs, int panel) {
   constexpr int kS = kCoopN256Stages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -1633,7 +1600,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
       int64_t g = 0;
       const int first_stages = ktiles < kS ? ktiles : kS;
       for (int64_t n = 0; n < my_pairs; ++n) {
-        const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
+        const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t, 0, panel);
         const CUtensorMap* first = u.transposed ? &map_b : &map_a;
         const CUtensorMap* second = u.transposed ? &map_a : &map_b;
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
@@ -1660,7 +1627,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   };
   int64_t g = 0;
   for (int64_t n = 0; n < my_pairs; ++n) {
-    const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t);
+    const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t, 0, panel);
     float acc[2][64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
@@ -1761,6 +1728,14 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
                                                                static_cast<int>(k), alpha, beta, diag);
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
+}
+
+// The cooperative m64n256 kernel's pair order: panels of ORTHOPT_SYM_PAIR_PANEL block rows
+// (lower_pair_in_panels), or row-major (unset or 0). Read at each call (A/B timings).
+int pair_panel() {
+  const char* v = std::getenv("ORTHOPT_SYM_PAIR_PANEL");
+  const int panel = v ? std::atoi(v) : 0;
+  return panel > 0 ? panel : 0;
 }
 
 // Whether the persistent kernels are launched as programmatic dependents of the kernel before
@@ -1986,7 +1961,7 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
     constexpr bool kCByTma = decltype(c_tma)::value;
     return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi>>(
         kCoopN256SmemBytes, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
-        beta, diag, per_matrix, total);
+        beta, diag, per_matrix, total, pair_panel());
   };
   if constexpr (kProbe) ORTHOPT_STATUS_TRY(run(std::false_type{}));  // no C-by-TMA instance of the probes
   else ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));

@@ -14,7 +14,8 @@
 // position in the mirror buffer, and both buffers are covered exactly once (the one-buffer form,
 // ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, uses the same offsets into one buffer, one after the
 // other); on the diagonal (block by block, the two-buffer form), the mirror buffer holds at
-// every position (r, c) the element (max(r, c), min(r, c)), exactly once.
+// every position (r, c) the element (max(r, c), min(r, c)), exactly once. Also the pair orders
+// of the cooperative m64n256 kernel (check_pair_panels).
 #include <cstdio>
 #include <vector>
 
@@ -114,11 +115,44 @@ void check_diagonal() {
     }
 }
 
+// The cooperative m64n256 kernel's pair orders (sym_tiles.h): for every block-row count t and
+// panel height, lower_pair_in_panels is a reordering of lower_pair within each panel (the same
+// pairs at the same index range: every lower tile covered once, the pairs of a panel's rows
+// only), and within a panel its column pairs come in order.
+void check_pair_panels() {
+  for (int t = 1; t <= 80; ++t)
+    for (int panel : {0, 1, 3, 4, 8, 16}) {
+      const int64_t n = orthopt_k::pairs_per_matrix(t);
+      std::vector<int> hits(static_cast<size_t>(t) * t, 0);
+      int last_panel = -1, last_c = -1;
+      for (int64_t idx = 0; idx < n; ++idx) {
+        const orthopt_k::TilePair rm = orthopt_k::lower_pair(idx, t);
+        const orthopt_k::TilePair pr = orthopt_k::lower_pair_in_panels(idx, t, panel);
+        expect(pr.share_a == rm.share_a, "pair kind kept", t, panel, static_cast<int>(idx), 0);
+        for (int b = 0; b < 2; ++b) {
+          const int i = pr.ti[b], j = pr.tj[b];
+          expect(i >= 0 && i < t && j >= 0 && j <= i, "a lower tile", t, panel, i, j);
+          if (i >= 0 && i < t && j >= 0 && j <= i && (b == 0 || pr.ti[1] != pr.ti[0] || pr.tj[1] != pr.tj[0]))
+            ++hits[static_cast<size_t>(i) * t + j];
+        }
+        if (!pr.share_a || panel <= 0) continue;
+        expect(pr.ti[0] / panel == rm.ti[0] / panel, "the pair stays in its panel", t, panel, pr.ti[0], rm.ti[0]);
+        const int p = pr.ti[0] / panel, c = pr.tj[0] / 2;  // column pair index (both parities)
+        if (p == last_panel) expect(c >= last_c, "column pairs in order within a panel", t, panel, c, last_c);
+        last_panel = p;
+        last_c = c;
+      }
+      for (int i = 0; i < t; ++i)
+        for (int j = 0; j <= i; ++j) expect(hits[static_cast<size_t>(i) * t + j] == 1, "tile covered once", t, panel, i, j);
+    }
+}
+
 }  // namespace
 
 int main() {
   check_blocks();
   check_diagonal();
+  check_pair_panels();
   std::printf("tile_layout_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
   return g_failures ? 1 : 0;
