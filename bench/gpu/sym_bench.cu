@@ -180,8 +180,8 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
 }
 
 // The cooperative m64n256 kernel's pair orders (SYM_BENCH_N256=3): row-major against panels of
-// 4, 8 and 16 block rows (ORTHOPT_SYM_PAIR_PANEL, set before each call; the library reads it at
-// each call), round-robin in one process, without and with β·C.
+// 4, 8 (the default) and 16 block rows (ORTHOPT_SYM_PAIR_PANEL, set before each call; the
+// library reads it at each call), round-robin in one process, without and with β·C.
 int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
   const std::vector<int> panels = {0, 4, 8, 16};
   std::printf("| batch×m×k | dense cuBLAS ms | row-major | panel 4 | panel 8 | panel 16 | row-major +β·C | panel 4 +β·C "

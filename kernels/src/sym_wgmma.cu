@@ -1486,7 +1486,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // read 5120 operand elements instead of 6144 per 64·256·16 (each B row once per 64 rows, not
 // per 64 rows of each of two tiles). The epilogue cannot hide under another tile's main loop (it
 // is short next to a main loop of k ≥ 2048); the producer loads the next block's first stages
-// meanwhile. The 256 columns are the pair kernel's tile pairs (lower_pair), so that every wave
+// meanwhile. The 256 columns are the pair kernel's tile pairs (lower_pair; taken in panels of 8
+// block rows, lower_pair_in_panels, see pair_panel), so that every wave
 // is full where ping-pong's is (4096²: 264 pairs, two waves of 132): a pair of block row i,
 // tiles (i, j1) and (i, j2), is A's rows of block i against B's rows of blocks j1 and j2 (one
 // stage: A's tile and the two B tiles side by side, the 256 rows m64n256k16 reads); a pair down
@@ -1730,11 +1731,16 @@ orthopt_status launch(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, 
   return ORTHOPT_OK;
 }
 
-// The cooperative m64n256 kernel's pair order: panels of ORTHOPT_SYM_PAIR_PANEL block rows
-// (lower_pair_in_panels), or row-major (unset or 0). Read at each call (A/B timings).
+// The cooperative m64n256 kernel's pair order: panels of 8 block rows (lower_pair_in_panels).
+// On an H200 (sixteenth session, kernel alone, round-robin against row-major): 4096² −4%, with
+// β·C −9%; 4096×14336 −2%, with β·C −3%; 8192² and 32×2048×7168 −0.5 to −1%; panels of 4 and 16
+// within 1% of 8 (bench/results/2026-12-02-h200-direct-result.md). ORTHOPT_SYM_PAIR_PANEL=<rows>
+// sets another height, 0 the row-major order; read at each call (A/B timings).
+constexpr int kPairPanel = 8;
 int pair_panel() {
   const char* v = std::getenv("ORTHOPT_SYM_PAIR_PANEL");
-  const int panel = v ? std::atoi(v) : 0;
+  if (!v) return kPairPanel;
+  const int panel = std::atoi(v);
   return panel > 0 ? panel : 0;
 }
 
