@@ -86,6 +86,11 @@ inline bool operands_in_16_byte_rows(int64_t k, const void* A, int64_t stride_a,
   return true;
 }
 
+// Pairs of lower tiles (the pair, wide and cooperative m64n256 kernels, sym_wgmma.cu), in
+// lower_pair's row-major order: row 2p holds the tiles (2p, 1..2p) as p pairs sharing A, row
+// 2p + 1 the tiles (2p + 1, 0..2p + 1) as p + 1 pairs; the tiles (i, 0) of even rows left over
+// are paired down column 0, sharing B: (0, 0) with (2, 0), (4, 0) with (6, 0), ...; when their
+// count is odd the last one is paired with itself.
 struct TilePair {
   int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
   bool share_a;      // the tiles share the A tile (same ti) or else the B tile (same tj)
