@@ -155,6 +155,22 @@ at::Tensor kernel_path_norms(const at::Tensor& G3) {
 }
 #endif
 
+// How a batch G3 [B, r, c] is orthogonalized: tall (r > c: NS works on its transpose), m ≤ n
+// the sizes NS sees, the method and the compute dtype.
+struct NsShape {
+  bool tall;
+  int64_t m, n;
+  OrthoMethod method;
+  at::ScalarType compute;
+};
+
+NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
+  const bool tall = G3.size(1) > G3.size(2);
+  const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
+  const OrthoMethod method = resolve_method(m, n, opt);
+  return {tall, m, n, method, resolve_compute_dtype(opt, G3.device(), method)};
+}
+
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
 // where X = G3, or its transpose when tall; with own_layout (tall, CUDA kernels), the transposed
 // view of the scaled G3 instead. Normalization always in fp32 (or fp64 when that is the compute
@@ -228,10 +244,9 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
     TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
-    tall[i] = G3.size(1) > G3.size(2);
-    const int64_t m = tall[i] ? G3.size(2) : G3.size(1), n = tall[i] ? G3.size(1) : G3.size(2);
-    const OrthoMethod method = resolve_method(m, n, opt);
-    compute[i] = resolve_compute_dtype(opt, device, method);
+    const auto [is_tall, m, n, method, dtype] = ns_shape(G3, opt);
+    tall[i] = is_tall;
+    compute[i] = dtype;
     if (method == OrthoMethod::Gram) {
       const std::string warning = gram_precision_warning(opt, compute[i]);
       if (!warning.empty()) {
@@ -481,14 +496,9 @@ at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::
   // NonFinitePolicy::Error where the GPU kernels prepare the NS input: the norms its scaling
   // takes are computed here and flag G, instead of a separate pass over G (ATen's isfinite(G).all()
   // took 2.6–2.8 ms for fp32 [32, 7168, 2048] on an H200, against 18.5 ms of NS).
-  if (opt.nonfinite == NonFinitePolicy::Error) {
-    const bool tall = G3.size(1) > G3.size(2);
-    const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
-    const at::ScalarType compute = resolve_compute_dtype(opt, G3.device(), resolve_method(m, n, opt));
-    if (cuda::scale_cast_handles(G3, compute)) {
-      norms.push_back(kernel_path_norms(G3));
-      finite = {at::isfinite(norms[0]).all(), G3};
-    }
+  if (opt.nonfinite == NonFinitePolicy::Error && cuda::scale_cast_handles(G3, ns_shape(G3, opt).compute)) {
+    norms.push_back(kernel_path_norms(G3));
+    finite = {at::isfinite(norms[0]).all(), G3};
   }
 #endif
   if (!finite.flag.defined()) finite = finite_check(G, opt);

@@ -13,9 +13,10 @@ namespace orthopt::detail {
 // compute dtype, with G's shape; for tall matrices (rows > cols) a transposed view of the
 // contiguous [..., cols, rows] result, or contiguous where Gram NS ran on the GPU kernels (in the
 // matrix's own layout, or transposed with its last product written back; with split_sizes:
-// contiguous). orthogonalize() returns
-// this .to(G.scalar_type()); the fused optimizer step uses it directly as the update direction
-// (a bf16/fp16 direction widens to fp32 exactly, like that cast).
+// contiguous). orthogonalize() returns the same up to the rounding of its last product, which
+// on the GPU kernels' path writes G's dtype directly (fp32), elsewhere this .to(G.scalar_type());
+// the fused optimizer step uses it directly as the update direction (a bf16/fp16 direction widens
+// to fp32 exactly, like that cast).
 at::Tensor orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOptions& opt);
 
 // orthogonalize_in_compute_dtype() of each of Gs (one device; no split_sizes), with the Gram NS

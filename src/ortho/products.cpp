@@ -64,25 +64,20 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
 
 at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result,
               std::optional<at::ScalarType> result_dtype) {
+  TORCH_CHECK(!result_dtype || writes_result_dtype(X, *result_dtype), "mm: this path does not write ",
+              *result_dtype, " (check writes_result_dtype first)");
 #ifdef ORTHOPT_WITH_CUDA
   if (use_kernels(A)) {
-    // cuBLASLt writes fp32 (or the compute dtype) itself; another dtype is converted after.
-    const bool direct = result_dtype && writes_result_dtype(X, *result_dtype);
-    const std::optional<at::ScalarType> d_dtype = direct ? result_dtype : std::nullopt;
-    at::Tensor D;
     // X = Tᵀ kept in a tall matrix's layout, or a transposed result asked for: (A·X)ᵀ = Xᵀ·Aᵀ,
     // one product reading both operands as stored.
     if (cuda::is_transposed_view(X) || (transposed_result && X.is_contiguous()))
-      D = cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0, at::Tensor(), d_dtype)
-              .transpose(1, 2);
-    else
-      D = cuda::gemm(A, X, 1.0, at::Tensor(), 0.0, at::Tensor(), d_dtype);
-    return result_dtype && !direct ? D.to(*result_dtype) : D;
+      return cuda::gemm(X.transpose(1, 2), A.transpose(1, 2), 1.0, at::Tensor(), 0.0, at::Tensor(), result_dtype)
+          .transpose(1, 2);
+    return cuda::gemm(A, X, 1.0, at::Tensor(), 0.0, at::Tensor(), result_dtype);
   }
 #endif
   (void)transposed_result;
-  at::Tensor D = narrow(at::bmm(wide(A, p), wide(X, p)), p);
-  return result_dtype ? D.to(*result_dtype) : D;
+  return narrow(at::bmm(wide(A, p), wide(X, p)), p);
 }
 
 bool writes_result_dtype(const at::Tensor& X, at::ScalarType dtype) {

@@ -35,9 +35,8 @@ at::Tensor addmm(const at::Tensor& C, const at::Tensor& A, const at::Tensor& X, 
 // computed as Xᵀ·Aᵀ into a contiguous [B, n, m] tensor and returned as its transposed view, the
 // layout a tall matrix transposed for NS has (no copy to bring it back); elsewhere the flag only
 // concerns the layout and is ignored.
-// result_dtype: the result's dtype (undefined: the compute dtype). Where writes_result_dtype()
-// holds, the product is written in it directly (rounded once); elsewhere the result is rounded to
-// the compute dtype and then converted.
+// result_dtype: the dtype the product is written in (rounded once; undefined: the compute
+// dtype); only where writes_result_dtype(X, result_dtype) holds.
 at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool transposed_result = false,
               std::optional<at::ScalarType> result_dtype = std::nullopt);
 // Whether mm(A, X, ...) with operands like X writes `dtype` in its product (the GPU kernels'
