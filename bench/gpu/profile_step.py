@@ -28,10 +28,14 @@ def print_breakdown(fn, title, unit, top, runs=STEPS):
     prints the kernel time per call (per `unit`) by class and the `top` kernels."""
     ms = median_ms(fn, warmup=3, repeats=10)
     torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        begin.record()
         for _ in range(runs):
             fn()
+        end.record()
         torch.cuda.synchronize()
+    profiled_ms = begin.elapsed_time(end) / runs
     per_kernel = collections.defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -42,6 +46,7 @@ def print_breakdown(fn, title, unit, top, runs=STEPS):
     launches = sum(v[1] for v in per_kernel.values()) / runs
     print(f"\n## {title} {ms:.3f} ms (CUDA events, median of 10); kernels {total:.3f} ms/{unit}, "
           f"{launches:.0f} launches/{unit}; gaps {ms - total:.3f} ms", flush=True)
+    print_timeline(prof, unit, runs, profiled_ms)
     by_class = collections.defaultdict(float)
     for kname, (t, _) in per_kernel.items():
         by_class[kernel_class(kname)] += t
@@ -50,6 +55,36 @@ def print_breakdown(fn, title, unit, top, runs=STEPS):
     print(f"  top kernels (ms/{unit}, launches/{unit}, name):")
     for kname, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"    {t:8.3f} {n / runs:6.1f}  {kname[:110]}")
+
+
+def print_timeline(prof, unit, runs, profiled_ms):
+    """Separates the event time's excess over the kernels' sum into idle time on the GPU and the
+    rest (clocks differing between the profiled and the timed runs): over the profiled calls,
+    enqueued back to back, the span from the first kernel's start to the last one's end, the time
+    some kernel ran (the union of their intervals: kernels launched with programmatic dependent
+    launch may overlap), and the largest idle gaps with the kernels around them."""
+    spans = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return
+    busy, gaps = 0.0, []
+    cur_start, cur_end, cur_name = spans[0]
+    for start, end, name in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append((start - cur_end, cur_name, name))
+            cur_start = start
+        if end >= cur_end:
+            cur_end, cur_name = end, name
+    busy += cur_end - cur_start
+    span = max(end for _, end, _ in spans) - spans[0][0]
+    idle = span - busy
+    print(f"  timeline ({runs} calls back to back, profiled): CUDA events {profiled_ms:.3f} ms/{unit}, "
+          f"kernels' span {span / 1e3 / runs:.3f}, "
+          f"a kernel running {busy / 1e3 / runs:.3f}, idle {idle / 1e3 / runs:.3f} "
+          f"({sum(1 for g in gaps if g[0] > 5) / runs:.1f} gaps > 5 us/{unit})")
+    for gap, before, after in sorted(gaps, reverse=True)[:3]:
+        print(f"    idle {gap:8.1f} us between {before[:50]} and {after[:50]}")
 
 
 def host_ms(fn, repeats=10):
