@@ -81,9 +81,9 @@ void fill_random(Buf& b, orthopt_dtype dt, std::mt19937& rng, double scale) {
   for (auto& v : b.host) v = to_bits(static_cast<float>(scale) * n(rng), dt);
 }
 
-// Symmetric random C (batch of m×m).
-void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, int64_t m) {
-  std::normal_distribution<float> n(0.0f, 1.0f);
+// Symmetric random C (batch of m×m), entries of standard deviation `scale`.
+void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, int64_t m, float scale = 1.0f) {
+  std::normal_distribution<float> n(0.0f, scale);
   for (int64_t z = 0; z < batch; ++z)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j <= i; ++j) {
@@ -101,15 +101,29 @@ const char* name(orthopt_sym_path p) { return orthopt_k::sym_path_name(p); }
 // correctly rounded result sit near 0.6 of those; the bounds leave 2x room over the maximum.
 double bound(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? 4e-3 : 5e-4; }
 
+// c_alias: C is not a buffer of its own but A (1) or B (2) as stored, as in the NS products
+// b·A + c·A·A, Q·Z + a·Q and Z·RZ + a·RZ: k = m and that operand symmetric, its entries of
+// deviation k^-1/4 so that β·C is as large as the product's entries (a C added from the wrong
+// place, or not at all, is then far outside the bound).
 void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k, bool same_ab,
-               bool with_c, std::mt19937& rng) {
+               bool with_c, std::mt19937& rng, int c_alias = 0) {
+  if (c_alias) {
+    k = m;
+    with_c = true;
+  }
   const float alpha = 1.25f, beta = with_c ? -0.75f : 0.0f, diag = 0.5f;
   // The dense path multiplies by B as stored when B != A: B must be square and symmetric there
   // (the contract), which makes A·B = A·Bᵀ; the other paths take any B.
   if (path == ORTHOPT_SYM_DENSE && !same_ab) k = m;
   Buf A(batch * m * k), B(batch * m * k), C(batch * m * m), D(batch * m * m);
-  fill_random(A, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
-  if (path == ORTHOPT_SYM_DENSE && !same_ab)
+  const float alias_scale = static_cast<float>(std::pow(static_cast<double>(k), -0.25));
+  if (c_alias == 1 || (c_alias == 2 && same_ab))
+    fill_symmetric(A, dt, rng, batch, m, alias_scale);
+  else
+    fill_random(A, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
+  if (c_alias == 2 && !same_ab)
+    fill_symmetric(B, dt, rng, batch, m, alias_scale);
+  else if (path == ORTHOPT_SYM_DENSE && !same_ab)
     fill_symmetric(B, dt, rng, batch, m);
   else
     fill_random(B, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
@@ -119,7 +133,8 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
   C.upload();
   D.poison();
   const Buf& Bh = same_ab ? A : B;
-  orthopt_status st = orthopt_sym_abt(dt, batch, m, k, A.dev, m * k, Bh.dev, m * k, alpha, with_c ? C.dev : nullptr,
+  const Buf& Ch = c_alias == 1 ? A : (c_alias == 2 ? Bh : C);
+  orthopt_status st = orthopt_sym_abt(dt, batch, m, k, A.dev, m * k, Bh.dev, m * k, alpha, with_c ? Ch.dev : nullptr,
                                       m * m, beta, diag, D.dev, m * m, path, nullptr);
   cudaError_t sync = cudaDeviceSynchronize();
   if (st != ORTHOPT_OK || sync != cudaSuccess) {
@@ -136,7 +151,7 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
       for (int64_t j = 0; j <= i; ++j) {
         double s = 0;
         for (int64_t p = 0; p < k; ++p) s += A.at(z * m * k + i * k + p, dt) * Bh.at(z * m * k + j * k + p, dt);
-        double ref = alpha * s + (with_c ? beta * C.at(z * m * m + i * m + j, dt) : 0.0) + (i == j ? diag : 0.0);
+        double ref = alpha * s + (with_c ? beta * Ch.at(z * m * m + i * m + j, dt) : 0.0) + (i == j ? diag : 0.0);
         const double lo = D.at(z * m * m + i * m + j, dt), up = D.at(z * m * m + j * m + i, dt);
         finite = finite && std::isfinite(lo) && std::isfinite(up);
         symmetric = symmetric && D.host[z * m * m + i * m + j] == D.host[z * m * m + j * m + i];
@@ -148,9 +163,10 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
   // BLOCKS and NATIVE mirror the lower triangle (bit-exact symmetry); DENSE computes both.
   const bool ok = finite && (symmetric || path == ORTHOPT_SYM_DENSE) && err <= bound(dt);
   if (!ok) ++g_failures;
-  std::printf("%s sym %-4s %-6s batch=%-2lld m=%-5lld k=%-5lld %s%s rel_err=%.2e (bound %.0e)%s%s\n", ok ? "ok  " : "FAIL",
-              name(dt), name(path), (long long)batch, (long long)m, (long long)k, same_ab ? "A·Aᵀ" : "A·Bᵀ",
-              with_c ? "+βC" : "   ", err, bound(dt), finite ? "" : " NON-FINITE/UNWRITTEN",
+  std::printf("%s sym %-4s %-6s batch=%-2lld m=%-5lld k=%-5lld %s%s%s rel_err=%.2e (bound %.0e)%s%s\n",
+              ok ? "ok  " : "FAIL", name(dt), name(path), (long long)batch, (long long)m, (long long)k,
+              same_ab ? "A·Aᵀ" : "A·Bᵀ", with_c ? "+βC" : "   ", c_alias == 1 ? " C=A" : (c_alias == 2 ? " C=B" : ""),
+              err, bound(dt), finite ? "" : " NON-FINITE/UNWRITTEN",
               symmetric ? "" : (path == ORTHOPT_SYM_DENSE ? " (dense: symmetric up to rounding)" : " NOT-SYMMETRIC"));
 }
 
@@ -1496,7 +1512,15 @@ int main(int argc, char** argv) {
       if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
       if (path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_COOP_N256)
         check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
+      // C is an operand as stored (the NS products' form): A = B = C, C = A ≠ B, C = B ≠ A, several
+      // pairs per CTA with the ring wrapping (80×256: 160 pairs), and m % 128 != 0.
+      check_sym(dt, path, 2, 256, 0, true, true, rng, /*c_alias=*/1);
+      check_sym(dt, path, 3, 512, 0, false, true, rng, 1);
+      check_sym(dt, path, 3, 512, 0, false, true, rng, 2);
+      check_sym(dt, path, 2, 200, 0, false, true, rng, 1);
+      if (persistent) check_sym(dt, path, 80, 256, 0, true, true, rng, 1);
       if (!quick) {
+        check_sym(dt, path, 2, 1024, 0, false, true, rng, 2);
         check_sym(dt, path, 1, 1000, 520, false, true, rng);  // several panels / many tiles, ragged
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
         check_sym(dt, path, 1, 520, 200, false, true, rng);  // 5 row blocks, the last one ragged
