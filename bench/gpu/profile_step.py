@@ -2,7 +2,8 @@
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
 [--algos=muon,dion3] [--top=N] [--host]
-Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, and
+Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, the
+profiled steps' own event time and timeline (the time the GPU idled between kernels), and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
 top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch.
 --host also prints where the host's time goes: the host time to enqueue one step (from an idle
