@@ -78,7 +78,7 @@ def print_timeline(prof, unit, runs, profiled_ms):
         if end >= cur_end:
             cur_end, cur_name = end, name
     busy += cur_end - cur_start
-    span = max(end for _, end, _ in spans) - spans[0][0]
+    span = cur_end - spans[0][0]  # cur_end: the latest end of all
     idle = span - busy
     print(f"  timeline ({runs} calls back to back, profiled): CUDA events {profiled_ms:.3f} ms/{unit}, "
           f"kernels' span {span / 1e3 / runs:.3f}, "
