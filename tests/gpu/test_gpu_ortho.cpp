@@ -450,8 +450,6 @@ TEST_F(Gpu, ManyGramBanksMatchPerInput) {
   }
 }
 
-}  // namespace
-
 // NonFinitePolicy::Error (the default) on the kernels' path: G is flagged by the NS input's own
 // norms instead of a separate isfinite pass over G. NaN and ±Inf entries are refused, naming
 // G; finite entries whose squares overflow fp32 (1e20: the norm is Inf) are not; a finite G gets
@@ -474,6 +472,11 @@ TEST_F(Gpu, NonFiniteInputFlaggedByNorms) {
       for (auto dt : {at::kFloat, at::kBFloat16}) {
         const at::Tensor G = spread_shape(shape).to(dt).cuda();
         EXPECT_TRUE(at::equal(orthopt::orthogonalize(G, check), orthopt::orthogonalize(G, off)));
+        // A strided G (a transposed view): made contiguous once for both the norms and the input.
+        const at::Tensor Gt = spread_shape({shape[0], shape[2], shape[1]}).to(dt).cuda().transpose(1, 2);
+        EXPECT_FALSE(Gt.is_contiguous());
+        EXPECT_TRUE(at::equal(orthopt::orthogonalize(Gt, check), orthopt::orthogonalize(Gt, off)));
+        EXPECT_TRUE(at::equal(orthopt::orthogonalize(Gt, check), orthopt::orthogonalize(Gt.contiguous(), check)));
         for (float bad : {NAN, INFINITY, -INFINITY}) {
           at::Tensor B = G.clone();
           B[1][3][5] = bad;
@@ -488,3 +491,5 @@ TEST_F(Gpu, NonFiniteInputFlaggedByNorms) {
     }
   }
 }
+
+}  // namespace
