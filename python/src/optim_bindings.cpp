@@ -27,7 +27,7 @@ void read(const py::dict& d, const char* key, T& out) {
   try {
     out = d[key].cast<T>();
   } catch (const py::cast_error&) {
-    TORCH_CHECK(false, "option '", key, "': cannot convert ", std::string(py::str(d[key].get_type())));
+    TORCH_CHECK(false, "option '", key, "': cannot convert ", std::string(py::str(py::type::of(d[key]))));
   }
 }
 

@@ -270,6 +270,8 @@ def test_bad_input_errors():
         orthopt.Muon([{"params": make_params([(8, 8)]), "nesterv": True}])
     with pytest.raises(RuntimeError, match="split_sizes"):
         orthopt.Muon(make_params([(8, 8)]), split_sizes=[3, 3])
+    with pytest.raises(RuntimeError, match="option 'lr': cannot convert <class 'str'>"):
+        orthopt.Muon(make_params([(8, 8)]), lr="fast")
     p = make_params([(8, 8)])
     with pytest.raises(ValueError):  # torch itself refuses duplicates across groups
         orthopt.Muon([{"params": p}, {"params": p, "algorithm": "adamw"}])
