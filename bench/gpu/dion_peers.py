@@ -149,6 +149,7 @@ def run_step(args, dion, orthopt):
             except Exception as e:  # a contender that fails is reported in its row, the others go on
                 print(f"| {name} | {algo} | failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} | | | | |",
                       flush=True)
+                print(f"<!-- {name} {algo}, the whole message: {str(e)} -->", flush=True)
             opts = sets = None
             torch.cuda.empty_cache()
 

@@ -212,9 +212,11 @@ struct CudaGraphOptimizer::Impl {
     });
     if (!failure.empty()) {
       (void)cudaGetLastError();  // capture errors are not sticky; do not leak them to later calls
-      TORCH_CHECK(false, "CudaGraphOptimizer: capturing the optimizer step failed, nothing was applied (an op in "
-                  "the step is not capturable: a host synchronization or an unsupported library call): ",
-                  failure);
+      // The cause first: callers that show one line (logs, tables) keep it.
+      TORCH_CHECK(false, "CudaGraphOptimizer: capturing the optimizer step failed, nothing was applied: ", failure,
+                  " (usual causes: an op of the step that cannot be captured, e.g. a host synchronization or an "
+                  "unsupported library call; or a CUDA call of another thread of the process during the capture, "
+                  "which CUDA's global capture mode refuses. The next step() tries the capture again.)");
     }
     graph = std::move(g);
     graph->replay();  // the capture itself executed nothing
