@@ -72,6 +72,24 @@ std::vector<double> interleaved_median_ms(const std::vector<std::function<void()
 
 struct Shape { int64_t batch, m, k; };
 
+// A table's header row and separator, one entry per column.
+void print_table_head(const std::vector<std::string>& columns) {
+  std::string head = "|", rule = "|";
+  for (const auto& c : columns) {
+    head += " " + c + " |";
+    rule += "---|";
+  }
+  std::printf("%s\n%s\n", head.c_str(), rule.c_str());
+}
+
+// A table row: the shape, then times in ms (3 decimals), then ratios (2 decimals).
+void print_table_row(const Shape& s, const std::vector<double>& ms, const std::vector<double>& ratios = {}) {
+  std::printf("| %lldx%lldx%lld |", (long long)s.batch, (long long)s.m, (long long)s.k);
+  for (double v : ms) std::printf(" %.3f |", v);
+  for (double v : ratios) std::printf(" %.2f |", v);
+  std::printf("\n");
+}
+
 // The operands of a shape's products: A [batch, m, k] (random, scaled like an NS input), D
 // [batch, m, m], and with `with_c` a C like D (random; timing only, the kernels do not need a
 // symmetric C); `dense` is the peer, cuBLAS's dense D = A·Aᵀ.
@@ -127,10 +145,9 @@ struct Operands {
 // say how close the TMA-store kernel is to ping-pong's load bound, and how much faster the
 // cooperative kernel's 128×256 tiles (24 KiB per 128·128·64 instead of 32) load.
 int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
-  std::printf("| batch×m×k | dense cuBLAS ms | pingpong | pp in-place only | pp loads only | coop | coop in-place only "
-              "| coop loads only | pp TMA-store epilogue | pp TMA 1 buffer | pp TMA 1 buffer / pp loads only | coop loads "
-              "only / pp loads only |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  print_table_head({"batch×m×k", "dense cuBLAS ms", "pingpong", "pp in-place only", "pp loads only", "coop",
+                    "coop in-place only", "coop loads only", "pp TMA-store epilogue", "pp TMA 1 buffer",
+                    "pp TMA 1 buffer / pp loads only", "coop loads only / pp loads only"});
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/false);
     auto dense = [&] { ops.dense(h, s); };
@@ -142,9 +159,7 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
                                                          tma(ORTHOPT_SYM_WGMMA_PINGPONG_TMA),
                                                          tma(ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF)},
                                                         3, repeats);
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
-                t[8] / t[3], t[6] / t[3]);
+    print_table_row(s, t, {t[8] / t[3], t[6] / t[3]});
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16, no C. The probe columns "
               "leave D wrong (timing only); 'loads only': no stores, and ptxas then drops the wgmmas too.\n",
@@ -156,9 +171,8 @@ int epilogue_probe(cublasHandle_t h, const std::vector<Shape>& shapes, int repea
 // β·C, and both kernels' loads-only probes (ping-pong's, and the cooperative m64n128 kernel's,
 // which loads the same 48 KiB stages), round-robin: the shorter table of SYM_BENCH_N256=1.
 int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
-  std::printf("| batch×m×k | dense cuBLAS ms | pp TMA 1 buffer | pp TMA 1 buffer +β·C | coop | coop n256 | coop n256 "
-              "+β·C | pp loads only | coop loads only | n256 / pp TMA 1 buffer | same, +β·C |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  print_table_head({"batch×m×k", "dense cuBLAS ms", "pp TMA 1 buffer", "pp TMA 1 buffer +β·C", "coop", "coop n256",
+                    "coop n256 +β·C", "pp loads only", "coop loads only", "n256 / pp TMA 1 buffer", "same, +β·C"});
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
     auto dense = [&] { ops.dense(h, s); };
@@ -169,9 +183,7 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
          path(ORTHOPT_SYM_WGMMA_COOP), path(ORTHOPT_SYM_WGMMA_COOP_N256), path(ORTHOPT_SYM_WGMMA_COOP_N256, true),
          loads_only(ORTHOPT_SYM_WGMMA_PINGPONG), loads_only(ORTHOPT_SYM_WGMMA_COOP)},
         3, repeats);
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-                t[4] / t[1], t[5] / t[2]);
+    print_table_row(s, t, {t[4] / t[1], t[5] / t[2]});
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5. The "
               "loads-only columns leave D wrong (timing only).\n",
@@ -184,9 +196,8 @@ int coop_n256_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repe
 // library reads it at each call), round-robin in one process, without and with β·C.
 int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
   const std::vector<int> panels = {0, 4, 8, 16};
-  std::printf("| batch×m×k | dense cuBLAS ms | row-major | panel 4 | panel 8 | panel 16 | row-major +β·C | panel 4 +β·C "
-              "| panel 8 +β·C | panel 16 +β·C |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  print_table_head({"batch×m×k", "dense cuBLAS ms", "row-major", "panel 4", "panel 8", "panel 16", "row-major +β·C",
+                    "panel 4 +β·C", "panel 8 +β·C", "panel 16 +β·C"});
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
     std::vector<std::function<void()>> fns = {[&] { ops.dense(h, s); }};
@@ -199,9 +210,7 @@ int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
         });
       }
     const std::vector<double> t = interleaved_median_ms(fns, 3, repeats);
-    std::printf("| %lldx%lldx%lld |", (long long)s.batch, (long long)s.m, (long long)s.k);
-    for (double v : t) std::printf(" %.3f |", v);
-    std::printf("\n");
+    print_table_row(s, t);
   }
   unsetenv("ORTHOPT_SYM_PAIR_PANEL");
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5.\n", repeats);
@@ -215,9 +224,9 @@ int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
 // copy engine's stores and their waits add; stage only − main loop: staging and the warpgroups'
 // meetings; main loop − loads only: what the tensor cores add to the operand stream.
 int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
-  std::printf("| batch×m×k | dense cuBLAS ms | n256 | n256 +β·C | n256 in-place only | n256 stage only | n256 main loop "
-              "| n256 loads only | full − stage only | stage only − main loop | main loop − loads only |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  print_table_head({"batch×m×k", "dense cuBLAS ms", "n256", "n256 +β·C", "n256 in-place only", "n256 stage only",
+                    "n256 main loop", "n256 loads only", "full − stage only", "stage only − main loop",
+                    "main loop − loads only"});
   for (const auto& s : shapes) {
     const Operands ops(s, /*with_c=*/true);
     auto dense = [&] { ops.dense(h, s); };
@@ -225,9 +234,9 @@ int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
     auto probe = [&](int stores) { return ops.probe(s, ORTHOPT_SYM_WGMMA_COOP_N256, stores); };
     const std::vector<double> t =
         interleaved_median_ms({dense, full(false), full(true), probe(1), probe(3), probe(4), probe(2)}, 3, repeats);
-    std::printf("| %lldx%lldx%lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n",
-                (long long)s.batch, (long long)s.m, (long long)s.k, t[0], t[1], t[2], t[3], t[4], t[5], t[6],
-                t[1] - t[4], t[4] - t[5], t[5] - t[6]);
+    std::vector<double> row = t;  // then the differences, in ms too
+    row.insert(row.end(), {t[1] - t[4], t[4] - t[5], t[5] - t[6]});
+    print_table_row(s, row);
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5. The probe "
               "columns leave D wrong (timing only).\n",
