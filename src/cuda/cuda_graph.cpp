@@ -15,7 +15,23 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
+#include <torch/version.h>
+
+#define ORTHOPT_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+// torch >= 2.1: CUDAGraph::capture_begin takes the capture mode.
+#define ORTHOPT_GRAPH_CAPTURE_MODE ORTHOPT_TORCH_AT_LEAST(2, 1)
+// torch >= 2.3: the caching allocator's endAllocateToPool / releasePool take a pool id, so a
+// failed capture's pool can be handed back (see abandon_pool).
+#define ORTHOPT_GRAPH_OWN_POOL ORTHOPT_TORCH_AT_LEAST(2, 3)
+#if ORTHOPT_GRAPH_OWN_POOL && __has_include(<ATen/core/CachingHostAllocator.h>)
+#include <ATen/core/CachingHostAllocator.h>
+#define ORTHOPT_GRAPH_HOST_POOL ORTHOPT_TORCH_AT_LEAST(2, 10)
+#else
+#define ORTHOPT_GRAPH_HOST_POOL 0
+#endif
 #endif
 
 namespace orthopt {
@@ -62,6 +78,45 @@ const char* first_difference(const GroupOptions& a, const GroupOptions& b) {
   return nullptr;
 }
 
+#if ORTHOPT_GRAPH_HOST_POOL
+// Newer torch also routes pinned host allocations made during a capture to the graph's pool
+// (CachingHostAllocator memory pools); where the host allocator has that API, undo it too.
+template <typename HostAllocator, typename Pool>
+auto abandon_host_pool(HostAllocator* host, const Pool& pool, int)
+    -> decltype(host->end_allocate_to_pool(pool), host->release_pool(pool), void()) {
+  host->end_allocate_to_pool(pool);
+  host->release_pool(pool);
+}
+template <typename HostAllocator, typename Pool>
+void abandon_host_pool(HostAllocator*, const Pool&, long) {}
+#endif
+
+#if ORTHOPT_GRAPH_OWN_POOL
+// After a failed capture: torch's CUDAGraph::capture_end throws as soon as cudaStreamEndCapture
+// fails, before it ends the caching allocator's allocation to the graph's pool, and the graph's
+// destructor releases a pool only after a capture that ended. Left so, the allocator keeps
+// routing to a pool whose filter points at the destroyed graph, and the failed step's memory
+// is never returned. This ends the allocation and releases the pool. Never throws: when the pool
+// was never registered (capture_begin failed early), there is nothing to undo.
+template <typename Pool>
+void abandon_pool(c10::DeviceIndex device, const Pool& pool) noexcept {
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+  } catch (...) {
+    return;  // not allocating to this pool: capture_begin stopped before registering it
+  }
+  try {
+    c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+  } catch (...) {
+  }
+#if ORTHOPT_GRAPH_HOST_POOL
+  try {
+    abandon_host_pool(at::getHostAllocator(at::kCUDA), pool, 0);
+  } catch (...) {
+  }
+#endif
+}
+#endif
 
 }  // namespace
 
@@ -192,11 +247,30 @@ struct CudaGraphOptimizer::Impl {
     record = snapshot();
     auto g = std::make_unique<at::cuda::CUDAGraph>();
     std::string failure;
+    [[maybe_unused]] bool ended = false;  // capture_end returned: the graph owns its pool and releases it itself
+#if ORTHOPT_GRAPH_OWN_POOL
+    // A pool of our own, so that a failed capture can hand it back (abandon_pool).
+    const auto pool = at::cuda::graph_pool_handle();
+#endif
     // Like torch.cuda.graph: start from an idle device (a one-time cost), so no pending work
     // or cross-stream wait overlaps the capture.
     c10::cuda::device_synchronize();
     on_side_stream([&] {
-      g->capture_begin();
+      try {
+#if ORTHOPT_GRAPH_OWN_POOL
+        // Thread-local mode (as torch.compile's CUDA graphs use): only this thread's
+        // capture-unsafe calls fail the capture, not those of other threads of the process
+        // (a compile or autotune worker, a data loader), which global mode lets break it.
+        g->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+#elif ORTHOPT_GRAPH_CAPTURE_MODE
+        g->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+#else
+        g->capture_begin();
+#endif
+      } catch (const c10::Error& e) {
+        failure = e.what_without_backtrace();
+        return;
+      }
       try {
         opt.step();
       } catch (const c10::Error& e) {
@@ -206,17 +280,23 @@ struct CudaGraphOptimizer::Impl {
       }
       try {
         g->capture_end();  // also when the step threw: ends the stream's capture mode
+        ended = true;
       } catch (const c10::Error& e) {
         if (failure.empty()) failure = e.what_without_backtrace();
       }
     });
     if (!failure.empty()) {
       (void)cudaGetLastError();  // capture errors are not sticky; do not leak them to later calls
+#if ORTHOPT_GRAPH_OWN_POOL
+      if (!ended) abandon_pool(device.index(), pool);
+#endif
+      g.reset();
       // The cause first: callers that show one line (logs, tables) keep it.
       TORCH_CHECK(false, "CudaGraphOptimizer: capturing the optimizer step failed, nothing was applied: ", failure,
                   " (usual causes: an op of the step that cannot be captured, e.g. a host synchronization or an "
-                  "unsupported library call; or a CUDA call of another thread of the process during the capture, "
-                  "which CUDA's global capture mode refuses. The next step() tries the capture again.)");
+                  "unsupported library call; or, with torch < 2.1, whose capture is in CUDA's global mode, a "
+                  "capture-unsafe CUDA call of another thread of the process during the capture. The next step() "
+                  "tries the capture again.)");
     }
     graph = std::move(g);
     graph->replay();  // the capture itself executed nothing
