@@ -50,11 +50,6 @@ Run time_once(const std::function<void()>& fn, c10::Device device) {
   return {ms_since(t0), host};
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 Timing summarize(const std::vector<Run>& runs) {
   std::vector<double> ms, host;
   for (const auto& r : runs) {
@@ -67,26 +62,34 @@ Timing summarize(const std::vector<Run>& runs) {
 
 }  // namespace
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 std::vector<Timing> time_round_robin(const std::vector<std::function<void()>>& fns, c10::Device device, int warmup,
-                                     int repeats) {
+                                     int repeats, ClockSummary* clocks) {
   const size_t n = fns.size();
   for (int r = 0; r < warmup; ++r)
     for (const auto& fn : fns) fn();
   synchronize(device);
   std::vector<std::vector<Run>> runs(n);
+  ClockSampler sampler(device);
+  if (clocks) sampler.start();
   for (int r = 0; r < repeats; ++r)
     for (size_t j = 0; j < n; ++j) {
       const size_t i = (j + static_cast<size_t>(r)) % n;
       runs[i].push_back(time_once(fns[i], device));
     }
+  if (clocks) *clocks = sampler.stop();
   std::vector<Timing> out;
   for (const auto& v : runs) out.push_back(summarize(v));
   return out;
 }
 
 // One contender: warm-up runs, a synchronization, then the timed runs, as round-robin does.
-Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats) {
-  return time_round_robin({fn}, device, warmup, repeats).front();
+Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats, ClockSummary* clocks) {
+  return time_round_robin({fn}, device, warmup, repeats, clocks).front();
 }
 
 }  // namespace orthopt::bench

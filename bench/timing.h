@@ -5,6 +5,8 @@
 #include <functional>
 #include <vector>
 
+#include "gpu_clock.h"
+
 namespace orthopt::bench {
 
 struct Timing {
@@ -18,16 +20,23 @@ struct Timing {
   double host_median_ms;
 };
 
+// The median the benchmarks report: the middle element, the upper one of an even count. v non-empty.
+double median(std::vector<double> v);
+
 // Runs fn `warmup` times, then `repeats` times; each run is timed with CUDA events on a CUDA
 // device (when the build has CUDA), else with the host clock around a device synchronization.
-Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats);
+// With `clocks`, the GPU clock is sampled during the timed runs (not the warm-up) and its summary
+// written there (not sampled, with the reason, off a CUDA device or without NVML).
+Timing time_ms(const std::function<void()>& fn, c10::Device device, int warmup, int repeats,
+               ClockSummary* clocks = nullptr);
 
 // Times several contenders round-robin: `warmup` rounds, then `repeats` rounds in which each
 // contender runs once, timed as in time_ms, round r starting with contender r mod n. Clock and
 // power drift then falls on every contender alike instead of on whichever ran first (timed one
 // after another on an H200, the NS method timed right after the dense peer at 8192² read
 // 22.0–22.2 ms and the next method, the same products, 19.2–19.4).
+// `clocks` as in time_ms: sampled over all timed rounds.
 std::vector<Timing> time_round_robin(const std::vector<std::function<void()>>& fns, c10::Device device, int warmup,
-                                     int repeats);
+                                     int repeats, ClockSummary* clocks = nullptr);
 
 }  // namespace orthopt::bench
