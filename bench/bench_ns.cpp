@@ -166,11 +166,20 @@ int run_ns(const NsArgs& a) {
       runs.push_back(c.method.empty()
                          ? std::function<void()>([&] { c.out = bench::torch_dense_ns(next_input(), sched, a.steps, peer_dtype); })
                          : std::function<void()>([&] { c.out = orthogonalize(next_input(), c.opt); }));
+    // On CUDA, the SM clock over each timed group: the shape's rounds, or with --sequential each
+    // contender's runs. Printed after the group's rows, and in each of its json rows.
+    std::vector<bench::ClockSummary> clocks(a.sequential ? runs.size() : 1);
+    auto clocks_of = [&](size_t i) { return device.is_cuda() ? &clocks[a.sequential ? i : 0] : nullptr; };
+    auto clock_json = [&](size_t i) { return device.is_cuda() ? clocks_of(i)->to_json() : nlohmann::json(); };
+    auto print_clock_after = [&](size_t i) {
+      if (device.is_cuda() && (a.sequential || i + 1 == contenders.size())) std::cout << clocks_of(i)->line() << "\n";
+    };
     std::vector<bench::Timing> times;
     if (a.sequential)
-      for (const auto& run : runs) times.push_back(bench::time_ms(run, device, a.warmup, a.repeats));
+      for (size_t i = 0; i < runs.size(); ++i)
+        times.push_back(bench::time_ms(runs[i], device, a.warmup, a.repeats, clocks_of(i)));
     else
-      times = bench::time_round_robin(runs, device, a.warmup, a.repeats);
+      times = bench::time_round_robin(runs, device, a.warmup, a.repeats, clocks_of(0));
 
     double peer_ms = 0;
     for (size_t i = 0; i < contenders.size(); ++i) {
@@ -184,7 +193,8 @@ int run_ns(const NsArgs& a) {
                                  c10::toString(peer_dtype));
         rows.push_back({{"shape", shape_str}, {"method", "peer_torch_dense"}, {"compute_dtype", c10::toString(peer_dtype)},
                         {"median_ms", peer_ms}, {"min_ms", t.min_ms}, {"max_ms", t.max_ms},
-                        {"rel_err_vs_fp64", c.err}});
+                        {"rel_err_vs_fp64", c.err}, {"gpu_clock", clock_json(i)}});
+        print_clock_after(i);
         continue;
       }
       const OrthoMethod used = resolve_method(m, n, c.opt);
@@ -206,7 +216,9 @@ int run_ns(const NsArgs& a) {
                       {"max_ms", t.max_ms}, {"effective_gflops", eff}, {"performed_gflops", done},
                       {"rel_err_vs_fp64", c.err}, {"schedule", a.schedule}, {"steps", a.steps},
                       {"peer_ms", a.peer ? nlohmann::json(peer_ms) : nlohmann::json()},
-                      {"floor_ms", device.is_cuda() ? nlohmann::json(floor_ms) : nlohmann::json()}});
+                      {"floor_ms", device.is_cuda() ? nlohmann::json(floor_ms) : nlohmann::json()},
+                      {"gpu_clock", clock_json(i)}});
+      print_clock_after(i);
     }
   }
   std::cout << "eff GF/s counts dense standard NS FLOPs (steps·(4m²n+2m³)) per matrix; GF/s (done) counts the\n"
@@ -217,6 +229,7 @@ int run_ns(const NsArgs& a) {
   if (device.is_cuda())
     std::cout << fmt::format("floor: the method's FLOPs with symmetric products at half cost, at {:.0f} TFLOP/s; "
                              "of floor = floor ms / our ms.\n", a.peak_tflops);
+  if (device.is_cuda()) std::cout << bench::ClockSummary::legend();
   if (!a.json.empty()) {
     nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
                           {"rows", rows}};

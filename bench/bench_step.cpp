@@ -145,6 +145,12 @@ int run_step(const StepArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms",
                            "max ms", "host ms");
+  // On CUDA, the SM clock over each round-robin group, printed after its rows and in each json row.
+  bench::ClockSummary clocks;
+  bench::ClockSummary* const sample_clocks = device.is_cuda() ? &clocks : nullptr;
+  auto print_clocks = [&] {
+    if (sample_clocks) std::cout << clocks.line() << "\n";
+  };
   auto report = [&](const std::string& set, const std::string& what, const bench::Timing& t) {
     std::cout << fmt::format("{:<7} {:<42} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", set, what, t.median_ms,
                              t.min_ms, t.max_ms, t.host_median_ms);
@@ -153,7 +159,8 @@ int run_step(const StepArgs& a) {
                     {"median_ms", t.median_ms},
                     {"min_ms", t.min_ms},
                     {"max_ms", t.max_ms},
-                    {"host_median_ms", t.host_median_ms}});
+                    {"host_median_ms", t.host_median_ms},
+                    {"gpu_clock", sample_clocks ? clocks.to_json() : nlohmann::json()}});
   };
   for (const auto& set : a.sets) {
     for (const auto& alg : a.algorithms) {
@@ -188,8 +195,9 @@ int run_step(const StepArgs& a) {
         steps.push_back([&] { graph->step(); });
         warmup = std::max(warmup, 3);
       }
-      const auto timings = bench::time_round_robin(steps, device, warmup, a.repeats);
+      const auto timings = bench::time_round_robin(steps, device, warmup, a.repeats, sample_clocks);
       for (size_t i = 0; i < names.size(); ++i) report(set, names[i], timings[i]);
+      print_clocks();
     }
     if (a.peer) {
 #ifdef ORTHOPT_WITH_CUDA
@@ -200,10 +208,11 @@ int run_step(const StepArgs& a) {
       // Both peers on the same parameters (each with its own state), round-robin.
       PeerStep muon(named, true, routing);
       PeerStep adamw(named, false, routing);
-      const auto timings =
-          bench::time_round_robin({[&] { muon.run(); }, [&] { adamw.run(); }}, device, a.warmup, a.repeats);
+      const auto timings = bench::time_round_robin({[&] { muon.run(); }, [&] { adamw.run(); }}, device, a.warmup,
+                                                   a.repeats, sample_clocks);
       report(set, "peer: torch Muon + AdamW", timings[0]);
       report(set, "peer: AdamW (all, loop)", timings[1]);
+      print_clocks();
     }
   }
   std::cout << "fp32 parameters, random gradients; median of --repeats after --warmup steps, each configuration's\n"
@@ -212,6 +221,7 @@ int run_step(const StepArgs& a) {
                "host ms: median host time until step() returned, each step started on an idle device. On CUDA that\n"
                "is the time to enqueue it, and a step takes at least that long: where the two are close, the step\n"
                "is host-bound (its kernels wait for their launches).\n";
+  if (device.is_cuda()) std::cout << bench::ClockSummary::legend();
   if (!a.json.empty()) {
     std::ofstream f(a.json);
     if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
