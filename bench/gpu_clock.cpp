@@ -192,11 +192,13 @@ std::string ClockSummary::legend() {
       kClockPeriod.count());
 }
 
+// NVML is loaded and the device looked up here, not in start(): the first load takes a moment,
+// during which the GPU would idle between a benchmark's warm-up and its timed rounds.
 ClockSampler::ClockSampler(c10::Device device, std::chrono::milliseconds period)
-    : device_(device), fixed_reader_(false), period_(period) {}
+    : reader_(nvml_reader(device, &unavailable_)), period_(period) {}
 
 ClockSampler::ClockSampler(ClockReader reader, std::chrono::milliseconds period)
-    : device_(c10::kCPU), reader_(std::move(reader)), fixed_reader_(true), period_(period) {}
+    : reader_(std::move(reader)), period_(period) {}
 
 ClockSampler::~ClockSampler() { join(); }
 
@@ -208,9 +210,8 @@ void ClockSampler::start() {
   last_error_.clear();
   thread_error_.clear();
   stop_requested_ = false;
-  if (!fixed_reader_) reader_ = nvml_reader(device_, &why_not_);
   if (!reader_) {
-    if (why_not_.empty()) why_not_ = "no clock reader";
+    why_not_ = unavailable_.empty() ? "no clock reader" : unavailable_;
     return;
   }
   thread_ = std::thread([this] { sample_loop(); });

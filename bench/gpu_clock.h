@@ -66,8 +66,8 @@ class ClockSampler {
   ClockSampler(const ClockSampler&) = delete;
   ClockSampler& operator=(const ClockSampler&) = delete;
 
-  // Starts sampling; where the device cannot be sampled (not CUDA, no NVML, ...) no thread starts
-  // and stop() reports why. Throws std::logic_error when already started.
+  // Starts sampling; where the device cannot be sampled (not CUDA, no NVML, ...; found out by the
+  // constructor) no thread starts and stop() reports why. Throws std::logic_error when already started.
   void start();
   // Stops and joins the thread; the summary of the samples since start().
   ClockSummary stop();
@@ -76,9 +76,9 @@ class ClockSampler {
   void sample_loop();
   void join();  // asks the thread to stop and joins it, if running
 
-  c10::Device device_;
-  ClockReader reader_;  // as given, or resolved from device_ by start()
-  bool fixed_reader_;   // reader_ given to the constructor
+  std::string unavailable_;  // why the device's NVML reader is empty (declared first: the
+                             // constructor's nvml_reader call fills it while making reader_)
+  ClockReader reader_;       // as given, or the device's NVML; empty when unavailable
   std::chrono::milliseconds period_;
   bool started_ = false;
   std::string why_not_;  // set by start() when it could not start sampling

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <vector>
 
 namespace orthopt::bench {
@@ -70,18 +71,19 @@ double median(std::vector<double> v) {
 std::vector<Timing> time_round_robin(const std::vector<std::function<void()>>& fns, c10::Device device, int warmup,
                                      int repeats, ClockSummary* clocks) {
   const size_t n = fns.size();
+  std::optional<ClockSampler> sampler;  // made before the warm-up: it loads NVML
+  if (clocks) sampler.emplace(device);
   for (int r = 0; r < warmup; ++r)
     for (const auto& fn : fns) fn();
   synchronize(device);
   std::vector<std::vector<Run>> runs(n);
-  ClockSampler sampler(device);
-  if (clocks) sampler.start();
+  if (sampler) sampler->start();
   for (int r = 0; r < repeats; ++r)
     for (size_t j = 0; j < n; ++j) {
       const size_t i = (j + static_cast<size_t>(r)) % n;
       runs[i].push_back(time_once(fns[i], device));
     }
-  if (clocks) *clocks = sampler.stop();
+  if (sampler) *clocks = sampler->stop();
   std::vector<Timing> out;
   for (const auto& v : runs) out.push_back(summarize(v));
   return out;
