@@ -4,6 +4,7 @@
 // peer, dense torch Newton–Schulz written below, and on CUDA the FLOP floor of the method
 // (its FLOPs with symmetric products at half cost, at --peak-tflops) and our fraction of it.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
