@@ -294,8 +294,9 @@ struct CudaGraphOptimizer::Impl {
       // The cause first: callers that show one line (logs, tables) keep it.
       TORCH_CHECK(false, "CudaGraphOptimizer: capturing the optimizer step failed, nothing was applied: ", failure,
                   " (usual causes: an op of the step that cannot be captured, e.g. a host synchronization or an "
-                  "unsupported library call; or, with torch < 2.1, whose capture is in CUDA's global mode, a "
-                  "capture-unsafe CUDA call of another thread of the process during the capture. The next step() "
+                  "unsupported library call; or another thread of the process synchronizing the device "
+                  "(cudaDeviceSynchronize, torch.cuda.synchronize()) during the capture, or, with torch < 2.1, "
+                  "whose capture is in CUDA's global mode, making any capture-unsafe CUDA call. The next step() "
                   "tries the capture again.)");
     }
     graph = std::move(g);
