@@ -17,10 +17,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
-#include <torch/version.h>
 
-#define ORTHOPT_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include "core/torch_version.h"
+
 // torch >= 2.1: CUDAGraph::capture_begin takes the capture mode.
 #define ORTHOPT_GRAPH_CAPTURE_MODE ORTHOPT_TORCH_AT_LEAST(2, 1)
 // torch >= 2.3: the caching allocator's endAllocateToPool / releasePool take a pool id, so a

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/torch_version.h"
 #include "orthopt/optim.h"
 #include "orthopt/dist.h"
 #include "orthopt/train/checkpoint.h"
@@ -66,7 +66,7 @@ class Bf16Autocast {
  public:
   explicit Bf16Autocast(bool on) : on_(on) {
     if (!on_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if ORTHOPT_TORCH_AT_LEAST(2, 4)
     prev_ = at::autocast::is_autocast_enabled(at::kCUDA);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
@@ -80,7 +80,7 @@ class Bf16Autocast {
   ~Bf16Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if ORTHOPT_TORCH_AT_LEAST(2, 4)
     at::autocast::set_autocast_enabled(at::kCUDA, prev_);
 #else
     at::autocast::set_enabled(prev_);

@@ -14,7 +14,6 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
-#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -24,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/torch_version.h"
 #include "gpu_test_util.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
@@ -438,7 +438,7 @@ const std::vector<Spec>& larger_specs() {
   return specs;
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if ORTHOPT_TORCH_AT_LEAST(2, 1)
 TEST_F(GpuGraph, AnotherThreadsCudaMallocDuringTheCaptureIsHarmless) {
   Optimizer eager(make_groups(larger_specs(), 21));
   Optimizer graphed_opt(make_groups(larger_specs(), 21));
@@ -466,7 +466,7 @@ TEST_F(GpuGraph, AnotherThreadsCudaMallocDuringTheCaptureIsHarmless) {
 }
 #endif
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#if ORTHOPT_TORCH_AT_LEAST(2, 3)
 size_t reserved_bytes(c10::DeviceIndex device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
   return stats.reserved_bytes[0].current;  // [0]: StatType::AGGREGATE (its namespace moved in torch 2.x)
