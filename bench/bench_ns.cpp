@@ -3,6 +3,12 @@
 // and the relative error against the same iteration in float64. In the same run it times a
 // peer, dense torch Newton–Schulz written below, and on CUDA the FLOP floor of the method
 // (its FLOPs with symmetric products at half cost, at --peak-tflops) and our fraction of it.
+// It also times, in the same rounds, one dense product of the shape's largest NS product
+// ([B,m,m]·[B,m,n], the peer's dtype) and gives the "run floor": the method's floor FLOPs at
+// that product's rate. Under sustained load an H200 sits at its power cap, where cuBLAS's dense
+// bf16 rate falls from ≈ 762 TFLOP/s after idle to ≈ 672 (bench/gpu/energy_floor.py,
+// 2026-12-02): the peak floor is then out of any kernel's reach, the run floor is what the
+// board allows in the same state.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -34,6 +40,7 @@ struct NsArgs {
   uint64_t seed = 0;
   double peak_tflops = 746.0;  // bf16 8192³ product measured on the reference H100 (performance.md)
   bool peer = true;
+  bool dense = true;        // also time the dense product and report the run floor
   bool sequential = false;  // time the contenders one after another instead of round-robin
   std::string json;
 };
@@ -104,9 +111,9 @@ int run_ns(const NsArgs& a) {
   }
   at::manual_seed(a.seed);
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << fmt::format("{:<16} {:<14} {:>9} {:>10} {:>12} {:>10} {:>9} {:>7} {:>9} {:>7}  {}\n", "shape", "method",
-                           "ms", "eff GF/s", "GF/s (done)", "rel err", "peer ms", "peer/us", "floor ms",
-                           "of floor", "compute");
+  std::cout << fmt::format("{:<16} {:<14} {:>9} {:>10} {:>12} {:>10} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}  {}\n",
+                           "shape", "method", "ms", "eff GF/s", "GF/s (done)", "rel err", "peer ms", "peer/us",
+                           "floor ms", "of floor", "run floor", "of run", "compute");
   for (const auto& shape_str : shapes) {
     auto dims = parse_shape(shape_str);
     auto G = spread_input(dims, device);
@@ -162,19 +169,44 @@ int run_ns(const NsArgs& a) {
       c.err = rel_err(c.out);
       contenders.push_back(std::move(c));
     }
+    // The dense product [B,m,m]·[B,m,n] (B·X of standard NS, Q·X of Gram NS) on random operands
+    // in the peer's dtype, rotated like the inputs; its rate makes the run floor.
+    std::vector<std::pair<at::Tensor, at::Tensor>> dense_operands;
+    at::Tensor dense_out;
+    const double dense_flops = 2.0 * batch * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(n);
+    if (a.dense) {
+      std::vector<int64_t> a_shape(dims.begin(), dims.end() - 2), x_shape(dims.begin(), dims.end() - 2);
+      a_shape.insert(a_shape.end(), {m, m});
+      x_shape.insert(x_shape.end(), {m, n});
+      const auto dopts = at::TensorOptions().dtype(peer_dtype).device(device);
+      const double dense_bytes = batch * static_cast<double>(m * m + m * n) * static_cast<double>(at::elementSize(peer_dtype));
+      const int sets = device.is_cuda() && dense_bytes < 64e6 ? 4 : 1;
+      for (int i = 0; i < sets; ++i)
+        dense_operands.emplace_back(at::randn(a_shape, dopts.dtype(at::kFloat)).to(peer_dtype),
+                                    at::randn(x_shape, dopts.dtype(at::kFloat)).to(peer_dtype));
+    }
+    size_t dense_turn = 0;
     std::vector<std::function<void()>> runs;
     for (auto& c : contenders)
       runs.push_back(c.method.empty()
                          ? std::function<void()>([&] { c.out = bench::torch_dense_ns(next_input(), sched, a.steps, peer_dtype); })
                          : std::function<void()>([&] { c.out = orthogonalize(next_input(), c.opt); }));
+    if (a.dense)  // the last run: index contenders.size()
+      runs.push_back([&] {
+        const auto& ax = dense_operands[dense_turn++ % dense_operands.size()];
+        dense_out = at::matmul(ax.first, ax.second);
+      });
     // On CUDA, the SM clock over each timed group: the shape's rounds, or with --sequential each
     // contender's runs. Printed after the group's rows, and in each of its json rows.
     std::vector<bench::ClockSummary> clocks(a.sequential ? runs.size() : 1);
     auto clocks_of = [&](size_t i) { return device.is_cuda() ? &clocks[a.sequential ? i : 0] : nullptr; };
     auto clock_json = [&](size_t i) { return device.is_cuda() ? clocks_of(i)->to_json() : nlohmann::json(); };
+    // Rows print in the order peer, dense product, methods; in round-robin the clock line follows
+    // the last row, with --sequential each row (the dense product's run is the last run).
     auto print_clock_after = [&](size_t i) {
       if (device.is_cuda() && (a.sequential || i + 1 == contenders.size())) std::cout << clocks_of(i)->line() << "\n";
     };
+    const size_t dense_run = contenders.size();
     std::vector<bench::Timing> times;
     if (a.sequential)
       for (size_t i = 0; i < runs.size(); ++i)
@@ -183,19 +215,34 @@ int run_ns(const NsArgs& a) {
       times = bench::time_round_robin(runs, device, a.warmup, a.repeats, clocks_of(0));
 
     double peer_ms = 0;
+    const double dense_ms = a.dense ? times[dense_run].median_ms : 0.0;
+    auto print_dense_row = [&] {
+      if (!a.dense) return;
+      const bench::Timing& t = times[dense_run];
+      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10} {:>12.1f} {:>10} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}  {}\n",
+                               shape_str, "dense:product", dense_ms, "", dense_flops / (dense_ms * 1e6), "", "", "", "",
+                               "", "", "", c10::toString(peer_dtype));
+      rows.push_back({{"shape", shape_str}, {"method", "dense_product"}, {"compute_dtype", c10::toString(peer_dtype)},
+                      {"product", fmt::format("[{}, {}, {}]·[{}, {}, {}]", batch, m, m, batch, m, n)},
+                      {"flops", dense_flops}, {"median_ms", dense_ms}, {"min_ms", t.min_ms}, {"max_ms", t.max_ms},
+                      {"gflops", dense_flops / (dense_ms * 1e6)}, {"gpu_clock", clock_json(dense_run)}});
+      if (device.is_cuda() && a.sequential) std::cout << clocks_of(dense_run)->line() << "\n";
+    };
+    if (!a.peer) print_dense_row();
     for (size_t i = 0; i < contenders.size(); ++i) {
       const Contender& c = contenders[i];
       const bench::Timing& t = times[i];
       if (c.method.empty()) {
         peer_ms = t.median_ms;
-        std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
+        std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12} {:>10.2e} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}  {}\n",
                                  shape_str, "peer:torch", peer_ms,
                                  batch * standard_ns_flops(m, n, a.steps) / (peer_ms * 1e6), "", c.err, "", "", "", "",
-                                 c10::toString(peer_dtype));
+                                 "", "", c10::toString(peer_dtype));
         rows.push_back({{"shape", shape_str}, {"method", "peer_torch_dense"}, {"compute_dtype", c10::toString(peer_dtype)},
                         {"median_ms", peer_ms}, {"min_ms", t.min_ms}, {"max_ms", t.max_ms},
                         {"rel_err_vs_fp64", c.err}, {"gpu_clock", clock_json(i)}});
         print_clock_after(i);
+        print_dense_row();
         continue;
       }
       const OrthoMethod used = resolve_method(m, n, c.opt);
@@ -203,14 +250,17 @@ int run_ns(const NsArgs& a) {
       const double eff = batch * standard_ns_flops(m, n, a.steps) / (t.median_ms * 1e6);
       const double done = batch * method_flops(m, n, a.steps, used, c.opt.gram_restarts) / (t.median_ms * 1e6);
       const std::string label = c.method == "auto" ? std::string("auto:") + to_string(used) : c.method;
-      const double floor_ms =
-          batch * symmetric_floor_flops(m, n, a.steps, used, c.opt.gram_restarts) / (a.peak_tflops * 1e9);
+      const double floor_flops = batch * symmetric_floor_flops(m, n, a.steps, used, c.opt.gram_restarts);
+      const double floor_ms = floor_flops / (a.peak_tflops * 1e9);
+      const double run_floor_ms = a.dense ? floor_flops * dense_ms / dense_flops : 0.0;
       const std::string peer_col = a.peer ? fmt::format("{:.2f}", peer_ms / t.median_ms) : "-";
       const std::string floor_col = device.is_cuda() ? fmt::format("{:.3f}", floor_ms) : "-";
       const std::string frac_col = device.is_cuda() ? fmt::format("{:.2f}", floor_ms / t.median_ms) : "-";
-      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e} {:>9} {:>7} {:>9} {:>7}  {}\n",
+      std::cout << fmt::format("{:<16} {:<14} {:>9.3f} {:>10.1f} {:>12.1f} {:>10.2e} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}  {}\n",
                                shape_str, label, t.median_ms, eff, done, c.err,
                                a.peer ? fmt::format("{:.3f}", peer_ms) : "-", peer_col, floor_col, frac_col,
+                               a.dense ? fmt::format("{:.3f}", run_floor_ms) : "-",
+                               a.dense ? fmt::format("{:.2f}", run_floor_ms / t.median_ms) : "-",
                                c10::toString(compute));
       rows.push_back({{"shape", shape_str}, {"method", c.method}, {"method_used", to_string(used)},
                       {"compute_dtype", c10::toString(compute)}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
@@ -218,6 +268,8 @@ int run_ns(const NsArgs& a) {
                       {"rel_err_vs_fp64", c.err}, {"schedule", a.schedule}, {"steps", a.steps},
                       {"peer_ms", a.peer ? nlohmann::json(peer_ms) : nlohmann::json()},
                       {"floor_ms", device.is_cuda() ? nlohmann::json(floor_ms) : nlohmann::json()},
+                      {"floor_flops", floor_flops},
+                      {"run_floor_ms", a.dense ? nlohmann::json(run_floor_ms) : nlohmann::json()},
                       {"gpu_clock", clock_json(i)}});
       print_clock_after(i);
     }
@@ -226,10 +278,15 @@ int run_ns(const NsArgs& a) {
                "products the method performed. rel err: ‖out − ref‖_F/‖ref‖_F, ref = standard NS in float64.\n"
                "peer: dense torch NS (bmm/baddbmm) in the same run; peer/us = peer ms / our ms (> 1: we are faster).\n"
             << (a.sequential ? "Timed one contender after another (--sequential).\n"
-                             : "Timed round-robin: each round runs the peer and every method once.\n");
+                             : "Timed round-robin: each round runs the peer, every method and the dense product once.\n");
   if (device.is_cuda())
     std::cout << fmt::format("floor: the method's FLOPs with symmetric products at half cost, at {:.0f} TFLOP/s; "
                              "of floor = floor ms / our ms.\n", a.peak_tflops);
+  if (a.dense)
+    std::cout << "dense:product: one product [B,m,m]·[B,m,n] (B·X, Q·X) in the peer's dtype, timed in the same rounds;\n"
+                 "run floor: the method's FLOPs with symmetric products at half cost, at that product's rate (GF/s\n"
+                 "(done) of its row); of run = run floor / our ms. On a GPU at its power cap this is the floor the\n"
+                 "board allows in the state it is in.\n";
   if (device.is_cuda()) std::cout << bench::ClockSummary::legend();
   if (!a.json.empty()) {
     nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
@@ -261,6 +318,7 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_option("--peak-tflops", args->peak_tflops, "matrix-unit rate for the FLOP floor (TFLOP/s)")
       ->check(CLI::PositiveNumber);
   ns->add_flag("!--no-peer", args->peer, "skip the dense torch peer");
+  ns->add_flag("!--no-dense", args->dense, "skip the same-run dense product and its run floor");
   ns->add_flag("--sequential", args->sequential,
                "time the peer and the methods one after another (default: round-robin, one run of each per round)");
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
