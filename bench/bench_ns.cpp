@@ -21,6 +21,7 @@
 
 #include "commands.h"
 #include "orthopt/orthogonalize.h"
+#include "orthopt/runtime.h"
 #include "bench_step.h"
 #include "peers.h"
 #include "timing.h"
@@ -290,7 +291,7 @@ int run_ns(const NsArgs& a) {
   if (device.is_cuda()) std::cout << bench::ClockSummary::legend();
   if (!a.json.empty()) {
     nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
-                          {"rows", rows}};
+                          {"blas", blas_threading()}, {"rows", rows}};
     std::ofstream f(a.json);
     if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
     f << doc.dump(2) << "\n";

@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/build.sh
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build}
-# One torch thread per process is fastest for the tiny model on 2 cores (see docs/training.md).
-export ORTHOPT_NUM_THREADS=${ORTHOPT_NUM_THREADS:-1}
+# Threads: one per core (init_runtime; ORTHOPT_NUM_THREADS overrides). With OpenBLAS's OpenMP
+# build, which scripts/bootstrap.sh selects, two threads are fastest on 2 cores (docs/training.md).
 exec "$BUILD_DIR/orthopt" compare "$@"

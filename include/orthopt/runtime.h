@@ -5,12 +5,23 @@
 
 namespace orthopt {
 
-// Sets torch's intra-op thread count to the number of cores (Debian's torch starts
-// with 1) unless ORTHOPT_NUM_THREADS or OMP_NUM_THREADS says otherwise. Idempotent.
+// Sets torch's intra-op thread count (Debian's torch starts with 1) to ORTHOPT_NUM_THREADS or
+// OMP_NUM_THREADS where set, else to default_intra_op_threads(available_cores(),
+// blas_threading()). Idempotent.
 void init_runtime();
 
 // Number of hardware threads available to this process.
 int available_cores();
+
+// The threading of the BLAS torch runs its CPU products on: "openblas-openmp" (the build
+// scripts/bootstrap.sh selects: its products run on torch's OpenMP threads),
+// "openblas-pthreads" (its own thread pool), "openblas-sequential", "openblas" (kind not
+// reported), or "other" (no libopenblas loaded, e.g. pip's torch with MKL).
+std::string blas_threading();
+
+// torch's intra-op threads for `cores` cores: `cores`, except 1 with OpenBLAS's pthreads build,
+// whose spinning pool makes torch's threads slow down the products (runtime.cpp says by how much).
+int default_intra_op_threads(int cores, const std::string& blas_threading);
 
 // Whether orthopt's GPU fast paths are on: the CUDA kernels (products, multi-tensor step,
 // scale_cast) and the per-bank Dion3/NorMuon step. ORTHOPT_GPU_KERNELS=0 switches them all off,

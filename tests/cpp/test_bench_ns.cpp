@@ -45,6 +45,7 @@ double plain_floor_flops(const std::string& method, const Shape& s) {
 TEST(BenchNs, DenseProductRowAndRunFloorPerShape) {
   if (!std::getenv("ORTHOPT_BIN")) GTEST_SKIP() << "ORTHOPT_BIN not set (run through ctest)";
   const auto doc = run_bench("", "dense");
+  EXPECT_TRUE(doc["blas"].is_string());
   for (const auto& s : kShapes) {
     const nlohmann::json* dense = nullptr;
     std::vector<const nlohmann::json*> methods;

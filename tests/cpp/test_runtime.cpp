@@ -6,7 +6,10 @@
 #include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -36,3 +39,28 @@ TEST(Runtime, FilesystemCallsWork) {
 }
 
 TEST(Runtime, AvailableCoresIsPositive) { EXPECT_GE(orthopt::available_cores(), 1); }
+
+// Thread defaults: OpenBLAS's pthreads build gets one torch thread (its own pool spins on every
+// core), every other BLAS one per core.
+TEST(Runtime, DefaultIntraOpThreadsByBlas) {
+  EXPECT_EQ(orthopt::default_intra_op_threads(2, "openblas-pthreads"), 1);
+  EXPECT_EQ(orthopt::default_intra_op_threads(16, "openblas-pthreads"), 1);
+  EXPECT_EQ(orthopt::default_intra_op_threads(2, "openblas-openmp"), 2);
+  EXPECT_EQ(orthopt::default_intra_op_threads(16, "other"), 16);
+  EXPECT_EQ(orthopt::default_intra_op_threads(4, "openblas-sequential"), 4);
+}
+
+// The machine scripts/bootstrap.sh set up runs OpenBLAS's OpenMP build (Debian's alternatives
+// would pick the pthreads build where both are installed); pip's torch brings its own BLAS.
+TEST(Runtime, BootstrapSelectsOpenBlasOpenMp) {
+  const std::string blas = orthopt::blas_threading();
+  if (blas == "other") GTEST_SKIP() << "torch does not run on OpenBLAS here";
+  EXPECT_EQ(blas, "openblas-openmp") << "scripts/bootstrap.sh pins the libblas.so.3 alternatives to openblas-openmp";
+}
+
+// init_runtime (tests/cpp/main.cpp calls it) applied the default where no variable overrides it.
+TEST(Runtime, InitRuntimeAppliedTheDefault) {
+  if (std::getenv("ORTHOPT_NUM_THREADS") || std::getenv("OMP_NUM_THREADS")) GTEST_SKIP() << "thread count set by the environment";
+  EXPECT_EQ(at::get_num_threads(),
+            orthopt::default_intra_op_threads(orthopt::available_cores(), orthopt::blas_threading()));
+}
