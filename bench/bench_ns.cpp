@@ -7,8 +7,8 @@
 // ([B,m,m]·[B,m,n], the peer's dtype) and gives the "run floor": the method's floor FLOPs at
 // that product's rate. Under sustained load an H200 sits at its power cap, where cuBLAS's dense
 // bf16 rate falls from ≈ 762 TFLOP/s after idle to ≈ 672 (bench/gpu/energy_floor.py,
-// 2026-12-02): the peak floor is then out of any kernel's reach, the run floor is what the
-// board allows in the same state.
+// 2026-12-02): the peak floor then assumes a rate cuBLAS itself does not reach, the run floor
+// takes the rate of the board's state in the same rounds.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
