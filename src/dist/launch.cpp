@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,10 +20,13 @@
 #include <thread>
 
 #include "orthopt/dist.h"
+#include "orthopt/runtime.h"
 
 extern char** environ;
 
 namespace orthopt::dist {
+
+int threads_per_local_rank(int cores, int nproc) { return std::max(1, cores / std::max(1, nproc)); }
 
 int find_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -74,6 +78,8 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port) {
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
   env.push_back("MASTER_ADDR=127.0.0.1");
   env.push_back(fmt::format("MASTER_PORT={}", port));
+  if (!std::getenv("ORTHOPT_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    env.push_back(fmt::format("ORTHOPT_NUM_THREADS={}", threads_per_local_rank(available_cores(), nproc)));
   return env;
 }
 

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "orthopt/dist.h"
+#include "orthopt/runtime.h"
 #include "orthopt/optim.h"
 
 namespace fs = std::filesystem;
@@ -734,4 +735,39 @@ TEST(DistLaunch, SetsEnvironmentAndPropagatesFailure) {
 
   EXPECT_THROW(dist::launch_local(0, {"/bin/true"}), c10::Error);
   EXPECT_THROW(dist::launch_local(2, {"no-such-command-orthopt"}), c10::Error);
+}
+
+// The ranks share the cores: cores / nproc torch threads each unless the caller chose a count.
+TEST(DistLaunch, SplitsTheCoresAmongLocalRanks) {
+  EXPECT_EQ(dist::threads_per_local_rank(2, 2), 1);
+  EXPECT_EQ(dist::threads_per_local_rank(2, 3), 1);
+  EXPECT_EQ(dist::threads_per_local_rank(16, 4), 4);
+  EXPECT_EQ(dist::threads_per_local_rank(16, 3), 5);
+  EXPECT_EQ(dist::threads_per_local_rank(8, 1), 8);
+
+  const char* saved_orthopt = std::getenv("ORTHOPT_NUM_THREADS");
+  const char* saved_omp = std::getenv("OMP_NUM_THREADS");
+  const std::string keep_orthopt = saved_orthopt ? saved_orthopt : "", keep_omp = saved_omp ? saved_omp : "";
+  ::unsetenv("ORTHOPT_NUM_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
+  const std::string out = fresh_dir("launch_threads");
+  const std::string cmd = "echo ${ORTHOPT_NUM_THREADS:-unset} > " + out + "/threads_$RANK";
+  testing::internal::CaptureStderr();
+  int rc = dist::launch_local(2, {"/bin/sh", "-c", cmd});
+  testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0);
+  const std::string expected = std::to_string(dist::threads_per_local_rank(orthopt::available_cores(), 2)) + "\n";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_text(out + "/threads_" + std::to_string(r)), expected);
+
+  // A count the caller set is passed on unchanged.
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  testing::internal::CaptureStderr();
+  rc = dist::launch_local(2, {"/bin/sh", "-c", "echo ${ORTHOPT_NUM_THREADS:-unset} $OMP_NUM_THREADS > " + out + "/omp_$RANK"});
+  testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_text(out + "/omp_" + std::to_string(r)), "unset 3\n");
+
+  ::unsetenv("OMP_NUM_THREADS");
+  if (saved_orthopt) ::setenv("ORTHOPT_NUM_THREADS", keep_orthopt.c_str(), 1);
+  if (saved_omp) ::setenv("OMP_NUM_THREADS", keep_omp.c_str(), 1);
 }
