@@ -180,7 +180,7 @@ int run_ns(const NsArgs& a) {
       a_shape.insert(a_shape.end(), {m, m});
       x_shape.insert(x_shape.end(), {m, n});
       const auto dopts = at::TensorOptions().dtype(peer_dtype).device(device);
-      const double dense_bytes = batch * static_cast<double>(m * m + m * n) * static_cast<double>(at::elementSize(peer_dtype));
+      const double dense_bytes = batch * static_cast<double>(m * m + m * n) * static_cast<double>(c10::elementSize(peer_dtype));
       const int sets = device.is_cuda() && dense_bytes < 64e6 ? 4 : 1;
       for (int i = 0; i < sets; ++i)
         dense_operands.emplace_back(at::randn(a_shape, dopts.dtype(at::kFloat)).to(peer_dtype),
