@@ -204,7 +204,7 @@ void save_sharded_checkpoint(DistributedOptimizer& opt, const std::string& final
 
 // Spawns `nproc` copies of argv (argv[0] is a path or a name on PATH) with RANK, LOCAL_RANK,
 // WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set; waits for all. Unless
-// ORTHOPT_NUM_THREADS or OMP_NUM_THREADS is set, each rank also gets ORTHOPT_NUM_THREADS =
+// requested_threads() gives a count, each rank also gets ORTHOPT_NUM_THREADS =
 // threads_per_local_rank(available_cores(), nproc), so the ranks share the cores instead of each
 // taking all of them. When one exits non-zero or by a signal, the others get SIGTERM (SIGKILL
 // after `grace`), a message names the failing rank on stderr, and the return value is non-zero

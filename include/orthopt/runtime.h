@@ -13,6 +13,10 @@ void init_runtime();
 // Number of hardware threads available to this process.
 int available_cores();
 
+// The thread count the environment asks for: the first positive ORTHOPT_NUM_THREADS or
+// OMP_NUM_THREADS, in that order; 0 when neither gives one.
+int requested_threads();
+
 // The threading of the BLAS torch runs its CPU products on: "openblas-openmp" (the build
 // scripts/bootstrap.sh selects: its products run on torch's OpenMP threads),
 // "openblas-pthreads" (its own thread pool), "openblas-sequential", "openblas" (kind not

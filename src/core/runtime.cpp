@@ -43,17 +43,21 @@ int default_intra_op_threads(int cores, const std::string& blas) {
   return blas == "openblas-pthreads" ? 1 : cores;
 }
 
+int requested_threads() {
+  for (const char* var : {"ORTHOPT_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* v = std::getenv(var)) {
+      int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 0;
+}
+
 void init_runtime() {
   static bool done = false;
   if (done) return;
   done = true;
-  int threads = 0;
-  for (const char* var : {"ORTHOPT_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    if (const char* v = std::getenv(var)) {
-      int n = std::atoi(v);
-      if (n > 0) { threads = n; break; }
-    }
-  }
+  int threads = requested_threads();
   if (threads == 0) threads = default_intra_op_threads(available_cores(), blas_threading());
   at::set_num_threads(threads);
 }

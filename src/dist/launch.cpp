@@ -66,9 +66,12 @@ const char* const kDistVars[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_W
                                  "MASTER_PORT="};
 
 std::vector<std::string> rank_environment(int rank, int nproc, int port) {
+  // The ranks' thread count, unless the environment asks for one (as init_runtime reads it); an
+  // inherited ORTHOPT_NUM_THREADS that asks for none (e.g. "0") would shadow it, so it goes.
+  const bool set_threads = requested_threads() == 0;
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
-    bool replaced = false;
+    bool replaced = set_threads && std::strncmp(*e, "ORTHOPT_NUM_THREADS=", 20) == 0;
     for (const char* v : kDistVars) replaced |= std::strncmp(*e, v, std::strlen(v)) == 0;
     if (!replaced) env.emplace_back(*e);
   }
@@ -78,7 +81,7 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port) {
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
   env.push_back("MASTER_ADDR=127.0.0.1");
   env.push_back(fmt::format("MASTER_PORT={}", port));
-  if (!std::getenv("ORTHOPT_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+  if (set_threads)
     env.push_back(fmt::format("ORTHOPT_NUM_THREADS={}", threads_per_local_rank(available_cores(), nproc)));
   return env;
 }

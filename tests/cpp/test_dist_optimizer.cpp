@@ -759,6 +759,15 @@ TEST(DistLaunch, SplitsTheCoresAmongLocalRanks) {
   const std::string expected = std::to_string(dist::threads_per_local_rank(orthopt::available_cores(), 2)) + "\n";
   for (int r = 0; r < 2; ++r) EXPECT_EQ(read_text(out + "/threads_" + std::to_string(r)), expected);
 
+  // A variable that asks for no count ("0", which init_runtime ignores) does not shadow the split.
+  ::setenv("ORTHOPT_NUM_THREADS", "0", 1);
+  testing::internal::CaptureStderr();
+  rc = dist::launch_local(2, {"/bin/sh", "-c", "echo ${ORTHOPT_NUM_THREADS:-unset} > " + out + "/zero_$RANK"});
+  testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_text(out + "/zero_" + std::to_string(r)), expected);
+  ::unsetenv("ORTHOPT_NUM_THREADS");
+
   // A count the caller set is passed on unchanged.
   ::setenv("OMP_NUM_THREADS", "3", 1);
   testing::internal::CaptureStderr();
