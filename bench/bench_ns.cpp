@@ -131,10 +131,10 @@ int run_ns(const NsArgs& a) {
     auto ref = orthogonalize(G.to(at::kDouble), ref_opt);
 
     // Inputs that fit in L2 (50 MB on an H100) are rotated so repeats do not time the cache.
-    const double bytes = static_cast<double>(G.numel()) * 4.0;
+    auto rotated_sets = [&](double bytes) { return device.is_cuda() && bytes < 64e6 ? 4 : 1; };
     std::vector<at::Tensor> inputs{G};
-    if (device.is_cuda() && bytes < 64e6)
-      for (int i = 1; i < 4; ++i) inputs.push_back(spread_input(dims, device));
+    for (int i = 1; i < rotated_sets(static_cast<double>(G.numel()) * 4.0); ++i)
+      inputs.push_back(spread_input(dims, device));
     size_t turn = 0;
     auto next_input = [&]() -> const at::Tensor& { return inputs[turn++ % inputs.size()]; };
 
@@ -181,8 +181,7 @@ int run_ns(const NsArgs& a) {
       x_shape.insert(x_shape.end(), {m, n});
       const auto dopts = at::TensorOptions().dtype(peer_dtype).device(device);
       const double dense_bytes = batch * static_cast<double>(m * m + m * n) * static_cast<double>(c10::elementSize(peer_dtype));
-      const int sets = device.is_cuda() && dense_bytes < 64e6 ? 4 : 1;
-      for (int i = 0; i < sets; ++i)
+      for (int i = 0; i < rotated_sets(dense_bytes); ++i)
         dense_operands.emplace_back(at::randn(a_shape, dopts.dtype(at::kFloat)).to(peer_dtype),
                                     at::randn(x_shape, dopts.dtype(at::kFloat)).to(peer_dtype));
     }

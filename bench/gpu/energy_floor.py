@@ -26,6 +26,7 @@ Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/energy_floor
   [--json FILE]. --quick: shorter blocks (a smoke run)."""
 import ctypes
 import json
+import math
 import statistics
 import sys
 import threading
@@ -131,9 +132,7 @@ class Sampler:
 
 def ns_flops(shape):
     """Counted FLOPs of 5 NS steps of auto (algorithms.md §1.1's symmetric counts), and the method."""
-    batch = 1
-    for d in shape[:-2]:
-        batch *= d
+    batch = math.prod(shape[:-2])
     m, n = sorted(shape[-2:])
     if n >= GRAM_ASPECT * m:
         return batch * (6 * m * m * n + 14 * m ** 3), "gram"
@@ -149,11 +148,12 @@ def contenders(shape):
     """[(name, call, FLOPs or bytes per call, unit)] for one case."""
     batch_dims, (rows, cols) = shape[:-2], shape[-2:]
     m, n = sorted((rows, cols))
-    g_sets = rotating(lambda: torch.randn(*shape, device="cuda"), 4 * rows * cols * max(1, _prod(batch_dims)))
+    batch = math.prod(batch_dims)  # 1 for a single matrix
+    g_sets = rotating(lambda: torch.randn(*shape, device="cuda"), 4 * rows * cols * batch)
     # Random operands of the dense product's shape, bf16 like NS's iteration (never zeros).
     d_sets = rotating(lambda: (torch.randn(*batch_dims, m, m, device="cuda").to(torch.bfloat16),
                                torch.randn(*batch_dims, m, n, device="cuda").to(torch.bfloat16)),
-                      2 * (m * m + m * n) * max(1, _prod(batch_dims)))
+                      2 * (m * m + m * n) * batch)
     state = {"ns": 0, "dense": 0}
 
     def ns():
@@ -166,15 +166,8 @@ def contenders(shape):
         return torch.matmul(a, x)
 
     flops, method = ns_flops(shape)
-    return [("dense", dense, 2 * max(1, _prod(batch_dims)) * m * m * n, "FLOP"),
+    return [("dense", dense, 2 * batch * m * m * n, "FLOP"),
             (f"ns ({method})", ns, flops, "FLOP")]
-
-
-def _prod(dims):
-    p = 1
-    for d in dims:
-        p *= d
-    return p
 
 
 def copy_contender():
