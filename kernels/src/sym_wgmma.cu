@@ -1502,9 +1502,17 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // 16×1536×2048 1.73x ping-pong's time).
 constexpr size_t kCoopN256StageBytes = size_t(3) * kTileBytes;  // first operand's tile, two tiles of the second
 constexpr int kCoopN256Stages = 3;                              // 3 × 48 KiB and two 32 KiB tile buffers
-constexpr size_t kCoopN256SmemBytes = 1024 + size_t(kCoopN256Stages) * kCoopN256StageBytes + 2 * kCTileBytes +
-                                      (2 * kCoopN256Stages + 2) * sizeof(uint64_t);
+// The shared memory of `stages` stages and `buffers` 32 KiB tile buffers. The product needs the
+// two buffers; 4 stages fit only without them, which the main-loop probes use (does a deeper ring
+// help the main loop? SYM_BENCH_N256=2's "4 stages" columns).
+constexpr size_t coop_n256_smem_bytes(int stages, int buffers) {
+  return 1024 + size_t(stages) * kCoopN256StageBytes + size_t(buffers) * kCTileBytes +
+         (2 * size_t(stages) + 2) * sizeof(uint64_t);
+}
+constexpr int kCoopN256DeepStages = 4;  // the probes' deeper ring
+constexpr size_t kCoopN256SmemBytes = coop_n256_smem_bytes(kCoopN256Stages, 2);
 static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
+static_assert(coop_n256_smem_bytes(kCoopN256DeepStages, 0) <= 227 * 1024, "the 4-stage probes' shared memory exceeds 227 KiB");
 
 // The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
 // (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
@@ -1573,17 +1581,22 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
 
 // CTma: C is given (and loaded by TMA, as d_by_tma requires). Epi: Full, or a timing probe
 // (EpilogueProbe; without C only).
-template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full>
+// Stages: kCoopN256Stages with the two tile buffers, or (the MainLoop and LoadsOnly probes only)
+// kCoopN256DeepStages without them.
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
                                int m, int k, float alpha, float beta, float diag, int64_t pairs_per_mat,
                                int64_t total_pairs, int panel) {
-  constexpr int kS = kCoopN256Stages;
+  constexpr int kS = Stages;
+  constexpr int kBuffers = Stages == kCoopN256Stages ? 2 : 0;
+  static_assert(kBuffers == 2 || ((Epi == EpilogueProbe::MainLoop || Epi == EpilogueProbe::LoadsOnly) && !CTma),
+                "only the main-loop probes run without the tile buffers");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // the block's two C tiles, then its staged D tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + 2 * kCTileBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(cbuf + kBuffers * kCTileBytes);
   uint64_t* empty = full + kS;
   uint64_t* c_full = empty + kS;  // this block's C tiles have landed
   uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
@@ -1646,7 +1659,16 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     release(static_cast<int>((g - 1) % kS));
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
     if constexpr (Epi == EpilogueProbe::MainLoop) {
-      if (alpha == 0.0f) store_pair_tma<T>(acc, cbuf, c_by_tma, c_by_tma, &map_d, u, alpha, beta, diag, w);
+      // Keeps the accumulators alive (alpha is never 0 in the probe); only with the buffers.
+      if constexpr (kBuffers == 2)
+        if (alpha == 0.0f) store_pair_tma<T>(acc, cbuf, c_by_tma, c_by_tma, &map_d, u, alpha, beta, diag, w);
+      if constexpr (kBuffers == 0)
+        if (alpha == 0.0f && lt == 0) {  // keeps the accumulators alive without a buffer
+          float sum = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 64; ++i) sum += acc[0][i] + acc[1][i];
+          if (sum == 1.2345f) ORTHOPT_SM90A_ASM("trap;\n");
+        }
     } else if constexpr (Epi != EpilogueProbe::LoadsOnly) {
       store_pair_tma<T, Epi>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
     }
@@ -1942,7 +1964,7 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 // The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
 // pair list; ping-pong (register epilogue) where D cannot be stored by TMA. Epi: a timing probe
 // (without C) or the product.
-template <typename T, EpilogueProbe Epi = EpilogueProbe::Full>
+template <typename T, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages>
 orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                 int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1965,8 +1987,8 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi>>(
-        kCoopN256SmemBytes, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Stages>>(
+        coop_n256_smem_bytes(Stages, Stages == kCoopN256Stages ? 2 : 0), total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
         beta, diag, per_matrix, total, pair_panel());
   };
   if constexpr (kProbe) ORTHOPT_STATUS_TRY(run(std::false_type{}));  // no C-by-TMA instance of the probes
@@ -2045,7 +2067,9 @@ orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, i
       case 2: return run(launch_coop_n256<T, EpilogueProbe::LoadsOnly>);
       case 3: return run(launch_coop_n256<T, EpilogueProbe::StageOnly>);
       case 4: return run(launch_coop_n256<T, EpilogueProbe::MainLoop>);
-      default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0 to 4 for WGMMA_COOP_N256");
+      case 5: return run(launch_coop_n256<T, EpilogueProbe::MainLoop, kCoopN256DeepStages>);
+      case 6: return run(launch_coop_n256<T, EpilogueProbe::LoadsOnly, kCoopN256DeepStages>);
+      default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0 to 6 for WGMMA_COOP_N256");
     }
   }
   const bool coop = path == ORTHOPT_SYM_WGMMA_COOP;

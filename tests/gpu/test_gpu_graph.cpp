@@ -440,29 +440,44 @@ const std::vector<Spec>& larger_specs() {
 
 #if ORTHOPT_TORCH_AT_LEAST(2, 1)
 TEST_F(GpuGraph, AnotherThreadsCudaMallocDuringTheCaptureIsHarmless) {
-  Optimizer eager(make_groups(larger_specs(), 21));
-  Optimizer graphed_opt(make_groups(larger_specs(), 21));
-  CudaGraphOptimizer graphed(graphed_opt, 2);
-  for (int t = 0; t < 6; ++t) {
-    fill_grads({&eager, &graphed_opt}, 200 + t);
-    eager.step();
-    if (t == 2) {  // the capturing step, with cudaMalloc/cudaFree looping in another thread
-      OtherThread other(malloc_and_free);
-      const long before = other.calls();
-      const std::string err = error_of([&] { graphed.step(); });
-      const long during = other.calls() - before;
-      other.stop();
-      ASSERT_EQ(err, "") << "the capture failed with another thread's cudaMalloc/cudaFree running";
-      EXPECT_GT(during, 0) << "the other thread made no call during the capturing step; the test proves nothing";
-      EXPECT_EQ(other.failed(), 0) << "the other thread's calls were refused (" << other.last_error()
-                                   << "): the capture is not thread-local";
-      std::cout << "  other thread: " << during << " cudaMalloc/cudaFree pairs during the capturing step\n";
-    } else {
-      graphed.step();
+  // The test proves something only if some of the other thread's calls fall inside the
+  // capturing step. On a loaded machine one step can pass without any (H200, 2026-12-02: 385
+  // pairs with the test alone, 0 under `ctest -j 4` beside the CPU tests), so the scenario is
+  // run again, with fresh optimizers, until one attempt overlaps, at most kAttempts times.
+  // Every attempt must capture, have none of the other thread's calls refused and match the
+  // eager steps bit for bit.
+  constexpr int kAttempts = 5;
+  long overlapping = 0;
+  for (int attempt = 0; attempt < kAttempts && overlapping == 0; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt + 1));
+    Optimizer eager(make_groups(larger_specs(), 21));
+    Optimizer graphed_opt(make_groups(larger_specs(), 21));
+    CudaGraphOptimizer graphed(graphed_opt, 2);
+    for (int t = 0; t < 6; ++t) {
+      fill_grads({&eager, &graphed_opt}, 200 + t);
+      eager.step();
+      if (t == 2) {  // the capturing step, with cudaMalloc/cudaFree looping in another thread
+        OtherThread other(malloc_and_free);
+        const long before = other.calls();
+        const std::string err = error_of([&] { graphed.step(); });
+        const long during = other.calls() - before;
+        other.stop();
+        ASSERT_EQ(err, "") << "the capture failed with another thread's cudaMalloc/cudaFree running";
+        EXPECT_EQ(other.failed(), 0) << "the other thread's calls were refused (" << other.last_error()
+                                     << "): the capture is not thread-local";
+        std::cout << "  attempt " << attempt + 1 << ", other thread: " << during
+                  << " cudaMalloc/cudaFree pairs during the capturing step\n";
+        overlapping = during;
+      } else {
+        graphed.step();
+      }
+      EXPECT_EQ(graphed.captured(), t >= 2) << "step " << t;
+      ASSERT_EQ(first_mismatch(eager, graphed_opt), "") << "step " << t;
     }
-    EXPECT_EQ(graphed.captured(), t >= 2) << "step " << t;
-    ASSERT_EQ(first_mismatch(eager, graphed_opt), "") << "step " << t;
   }
+  EXPECT_GT(overlapping, 0) << "in " << kAttempts
+                            << " attempts the other thread made no call during the capturing step; the test "
+                               "proves nothing";
 }
 #endif
 
