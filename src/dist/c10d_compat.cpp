@@ -41,9 +41,11 @@ using GroupHandle = c10::intrusive_ptr<c10d::Backend>;
 using GroupHandle = c10::intrusive_ptr<c10d::ProcessGroup>;
 #endif
 
+#ifdef ORTHOPT_HAVE_GLOO  // only Gloo's device choice asks (an unused function warns otherwise)
 bool is_loopback(const std::string& addr) {
   return addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
 }
+#endif
 
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout) {
   work->wait(timeout);  // throws on timeout and rethrows the collective's own error
