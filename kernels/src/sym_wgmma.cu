@@ -1510,8 +1510,8 @@ constexpr size_t coop_n256_smem_bytes(int stages, int buffers) {
          (2 * size_t(stages) + 2) * sizeof(uint64_t);
 }
 constexpr int kCoopN256DeepStages = 4;  // the probes' deeper ring
-constexpr size_t kCoopN256SmemBytes = coop_n256_smem_bytes(kCoopN256Stages, 2);
-static_assert(kCoopN256SmemBytes <= 227 * 1024, "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
+static_assert(coop_n256_smem_bytes(kCoopN256Stages, 2) <= 227 * 1024,
+              "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 static_assert(coop_n256_smem_bytes(kCoopN256DeepStages, 0) <= 227 * 1024, "the 4-stage probes' shared memory exceeds 227 KiB");
 
 // The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
@@ -1659,16 +1659,16 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     release(static_cast<int>((g - 1) % kS));
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
     if constexpr (Epi == EpilogueProbe::MainLoop) {
-      // Keeps the accumulators alive (alpha is never 0 in the probe); only with the buffers.
-      if constexpr (kBuffers == 2)
+      // A branch the probe never takes (alpha != 0) reads the accumulators, so that ptxas keeps
+      // the wgmmas: the epilogue where there are tile buffers, else a sum and a trap.
+      if constexpr (kBuffers == 2) {
         if (alpha == 0.0f) store_pair_tma<T>(acc, cbuf, c_by_tma, c_by_tma, &map_d, u, alpha, beta, diag, w);
-      if constexpr (kBuffers == 0)
-        if (alpha == 0.0f && lt == 0) {  // keeps the accumulators alive without a buffer
-          float sum = 0.0f;
+      } else if (alpha == 0.0f && lt == 0) {
+        float sum = 0.0f;
 #pragma unroll
-          for (int i = 0; i < 64; ++i) sum += acc[0][i] + acc[1][i];
-          if (sum == 1.2345f) ORTHOPT_SM90A_ASM("trap;\n");
-        }
+        for (int i = 0; i < 64; ++i) sum += acc[0][i] + acc[1][i];
+        if (sum == 1.2345f) ORTHOPT_SM90A_ASM("trap;\n");
+      }
     } else if constexpr (Epi != EpilogueProbe::LoadsOnly) {
       store_pair_tma<T, Epi>(acc, cbuf, c_by_tma, /*wait_last=*/c_by_tma, &map_d, u, alpha, beta, diag, w);
     }
@@ -1987,9 +1987,10 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
+    constexpr size_t kSmem = coop_n256_smem_bytes(Stages, Stages == kCoopN256Stages ? 2 : 0);
     return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Stages>>(
-        coop_n256_smem_bytes(Stages, Stages == kCoopN256Stages ? 2 : 0), total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha,
-        beta, diag, per_matrix, total, pair_panel());
+        kSmem, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag,
+        per_matrix, total, pair_panel());
   };
   if constexpr (kProbe) ORTHOPT_STATUS_TRY(run(std::false_type{}));  // no C-by-TMA instance of the probes
   else ORTHOPT_STATUS_TRY(c_by_tma ? run(std::true_type{}) : run(std::false_type{}));
