@@ -8,22 +8,43 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
+# The suite in parts, for machines lent one call of at most 10 minutes at a time (the whole of it,
+# racecheck over the full list included, runs longer):
+#   GPU_SUITE_STEPS="ctest gtest pytest kernel_check sanitizer"   which parts (default: all);
+#   GPU_SUITE_ONLY=1      leaves out ctest (the CPU suite, already run against the same build);
+#   SKIP_SANITIZER=1      leaves out the sanitizer runs;
+#   SANITIZER_TOOLS="memcheck racecheck"   which compute-sanitizer tools (default: both);
+#   SANITIZER_SYM_PATHS="wgmma_coop_n256 ..."   one run per tool and symmetric-product path
+#     (kernel_check --quick with KERNEL_CHECK_SYM_PATH; its other checks run in each), instead of
+#     one over every path, so that each run is short and its reports name one kernel.
+STEPS=${GPU_SUITE_STEPS:-ctest gtest pytest kernel_check sanitizer}
+[ -n "${GPU_SUITE_ONLY:-}" ] && STEPS=${STEPS//ctest/}
+[ -n "${SKIP_SANITIZER:-}" ] && { STEPS=${STEPS//sanitizer/}; echo "compute-sanitizer skipped (SKIP_SANITIZER)"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 status=0
 step() { echo "== $*"; "$@" || { echo "!! FAILED: $*"; status=1; }; }
-# GPU_SUITE_ONLY=1 skips the CPU-side ctest suite (already run against the same build).
-[ -z "${GPU_SUITE_ONLY:-}" ] && step ctest --test-dir "$BUILD_DIR" --output-on-failure -j 4 -E 'test_gpu_ortho|test_gpu_fused'
-step "$BUILD_DIR/tests/gpu/test_gpu_ortho"   # directly, so its measured errors are printed
-step "$BUILD_DIR/tests/gpu/test_gpu_fused"   # directly: prints the fused-vs-reference differences
-step env PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q tests/gpu
-step "$BUILD_DIR/gpu/orthopt_kernel_check"
-if [ -n "${SKIP_SANITIZER:-}" ]; then
-  echo "compute-sanitizer skipped (SKIP_SANITIZER)"
-elif command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    step compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
-  done
-else
-  echo "!! compute-sanitizer not found"; status=1
+want ctest && step ctest --test-dir "$BUILD_DIR" --output-on-failure -j 4 -E 'test_gpu_ortho|test_gpu_fused'
+if want gtest; then
+  step "$BUILD_DIR/tests/gpu/test_gpu_ortho"   # directly, so its measured errors are printed
+  step "$BUILD_DIR/tests/gpu/test_gpu_fused"   # directly: prints the fused-vs-reference differences
 fi
-echo "GPU suite: $([ $status -eq 0 ] && echo passed || echo FAILED)"
+want pytest && step env PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q tests/gpu
+want kernel_check && step "$BUILD_DIR/gpu/orthopt_kernel_check"
+if want sanitizer; then
+  if command -v compute-sanitizer >/dev/null; then
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+      if [ -z "${SANITIZER_SYM_PATHS:-}" ]; then
+        step compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
+      else
+        for path in $SANITIZER_SYM_PATHS; do
+          step env KERNEL_CHECK_SYM_PATH="$path" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+            "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
+        done
+      fi
+    done
+  else
+    echo "!! compute-sanitizer not found"; status=1
+  fi
+fi
+echo "GPU suite ($STEPS): $([ $status -eq 0 ] && echo passed || echo FAILED)"
 exit $status
