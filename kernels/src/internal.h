@@ -87,7 +87,7 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
 // alone. WGMMA_COOP_N256 only (C = NULL): 3 the tiles staged in shared memory as for 0 but no
 // TMA store issued, 4 the main loop alone (wgmmas kept, no epilogue), 5 and 6 the main loop alone
 // and the loads alone through a ring of 4 stages instead of 3 (room the product's two tile
-// buffers take). With 1 to 6 D is WRONG: timing only.
+// buffers take), 7 the main loop alone through 2 stages. With 1 to 7 D is WRONG: timing only.
 orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, int64_t batch, int64_t m, int64_t k,
                                             const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                             float alpha, const void* C, int64_t stride_c, float beta, float diag,

@@ -1509,7 +1509,8 @@ constexpr size_t coop_n256_smem_bytes(int stages, int buffers) {
   return 1024 + size_t(stages) * kCoopN256StageBytes + size_t(buffers) * kCTileBytes +
          (2 * size_t(stages) + 2) * sizeof(uint64_t);
 }
-constexpr int kCoopN256DeepStages = 4;  // the probes' deeper ring
+constexpr int kCoopN256DeepStages = 4;     // the probes' deeper ring
+constexpr int kCoopN256ShallowStages = 2;  // and shallower one (room for 128 KiB of staging beside it)
 static_assert(coop_n256_smem_bytes(kCoopN256Stages, 2) <= 227 * 1024,
               "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 static_assert(coop_n256_smem_bytes(kCoopN256DeepStages, 0) <= 227 * 1024, "the 4-stage probes' shared memory exceeds 227 KiB");
@@ -1582,7 +1583,7 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
 // CTma: C is given (and loaded by TMA, as d_by_tma requires). Epi: Full, or a timing probe
 // (EpilogueProbe; without C only).
 // Stages: kCoopN256Stages with the two tile buffers, or (the MainLoop and LoadsOnly probes only)
-// kCoopN256DeepStages without them.
+// kCoopN256DeepStages or kCoopN256ShallowStages without them.
 template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -2070,7 +2071,8 @@ orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, i
       case 4: return run(launch_coop_n256<T, EpilogueProbe::MainLoop>);
       case 5: return run(launch_coop_n256<T, EpilogueProbe::MainLoop, kCoopN256DeepStages>);
       case 6: return run(launch_coop_n256<T, EpilogueProbe::LoadsOnly, kCoopN256DeepStages>);
-      default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0 to 6 for WGMMA_COOP_N256");
+      case 7: return run(launch_coop_n256<T, EpilogueProbe::MainLoop, kCoopN256ShallowStages>);
+      default: return fail(ORTHOPT_ERR_INVALID, "sym_abt_wgmma_epilogue_probe: stores must be 0 to 7 for WGMMA_COOP_N256");
     }
   }
   const bool coop = path == ORTHOPT_SYM_WGMMA_COOP;
