@@ -1509,6 +1509,9 @@ constexpr size_t coop_n256_smem_bytes(int stages, int buffers) {
   return 1024 + size_t(stages) * kCoopN256StageBytes + size_t(buffers) * kCTileBytes +
          (2 * size_t(stages) + 2) * sizeof(uint64_t);
 }
+// The tile buffers an instance with `stages` stages has: the product's 2, none for the probes'
+// other depths.
+__host__ __device__ constexpr int coop_n256_buffers(int stages) { return stages == kCoopN256Stages ? 2 : 0; }
 constexpr int kCoopN256DeepStages = 4;     // the probes' deeper ring
 constexpr int kCoopN256ShallowStages = 2;  // and shallower one (room for 128 KiB of staging beside it)
 static_assert(coop_n256_smem_bytes(kCoopN256Stages, 2) <= 227 * 1024,
@@ -1591,7 +1594,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
                                int m, int k, float alpha, float beta, float diag, int64_t pairs_per_mat,
                                int64_t total_pairs, int panel) {
   constexpr int kS = Stages;
-  constexpr int kBuffers = Stages == kCoopN256Stages ? 2 : 0;
+  constexpr int kBuffers = coop_n256_buffers(Stages);
   static_assert(kBuffers == 2 || ((Epi == EpilogueProbe::MainLoop || Epi == EpilogueProbe::LoadsOnly) && !CTma),
                 "only the main-loop probes run without the tile buffers");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1988,7 +1991,7 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   ORTHOPT_STATUS_TRY(make_map(&map_d, dtype, D, batch, m, m, stride_d));
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
-    constexpr size_t kSmem = coop_n256_smem_bytes(Stages, Stages == kCoopN256Stages ? 2 : 0);
+    constexpr size_t kSmem = coop_n256_smem_bytes(Stages, coop_n256_buffers(Stages));
     return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Stages>>(
         kSmem, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag,
         per_matrix, total, pair_panel());
