@@ -205,16 +205,16 @@ void save_sharded_checkpoint(DistributedOptimizer& opt, const std::string& final
 // Spawns `nproc` copies of argv (argv[0] is a path or a name on PATH) with RANK, LOCAL_RANK,
 // WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set; waits for all. Unless
 // requested_threads() gives a count, each rank also gets ORTHOPT_NUM_THREADS =
-// threads_per_local_rank(available_cores(), nproc), so the ranks share the cores instead of each
-// taking all of them. When one exits non-zero or by a signal, the others get SIGTERM (SIGKILL
+// threads_per_local_rank(default_intra_op_threads(available_cores(), blas_threading()), nproc):
+// the ranks share what init_runtime would give one process instead of each taking all of it. When one exits non-zero or by a signal, the others get SIGTERM (SIGKILL
 // after `grace`), a message names the failing rank on stderr, and the return value is non-zero
 // (that rank's exit code, or 128+signal).
 int launch_local(int nproc, const std::vector<std::string>& argv,
                  std::chrono::milliseconds grace = std::chrono::seconds(5));
 
-// torch threads for each of `nproc` local ranks on `cores` cores: cores / nproc, at least 1.
+// torch threads for each of `nproc` local ranks sharing `threads`: threads / nproc, at least 1.
 // (2 cores, 2 ranks of 40 `orthopt train` steps: 12.7 s with 1 thread each, 19.0 s with 2.)
-int threads_per_local_rank(int cores, int nproc);
+int threads_per_local_rank(int threads, int nproc);
 
 // Whether this build can create the c10d backend "gloo" (needs gloo headers at build time:
 // Debian's libgloo-dev; pip torch ships none) or "nccl" (CUDA build with nccl.h).

@@ -26,7 +26,7 @@ extern char** environ;
 
 namespace orthopt::dist {
 
-int threads_per_local_rank(int cores, int nproc) { return std::max(1, cores / std::max(1, nproc)); }
+int threads_per_local_rank(int threads, int nproc) { return std::max(1, threads / std::max(1, nproc)); }
 
 int find_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -81,8 +81,9 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port) {
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
   env.push_back("MASTER_ADDR=127.0.0.1");
   env.push_back(fmt::format("MASTER_PORT={}", port));
-  if (set_threads)
-    env.push_back(fmt::format("ORTHOPT_NUM_THREADS={}", threads_per_local_rank(available_cores(), nproc)));
+  if (set_threads)  // the share of what init_runtime would give one process (BLAS-aware)
+    env.push_back(fmt::format("ORTHOPT_NUM_THREADS={}",
+                              threads_per_local_rank(default_intra_op_threads(available_cores(), blas_threading()), nproc)));
   return env;
 }
 

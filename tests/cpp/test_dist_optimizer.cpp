@@ -737,7 +737,8 @@ TEST(DistLaunch, SetsEnvironmentAndPropagatesFailure) {
   EXPECT_THROW(dist::launch_local(2, {"no-such-command-orthopt"}), c10::Error);
 }
 
-// The ranks share the cores: cores / nproc torch threads each unless the caller chose a count.
+// The ranks share the threads init_runtime would give one process (one per core, or 1 with
+// OpenBLAS's pthreads build): that / nproc each, unless the caller chose a count.
 TEST(DistLaunch, SplitsTheCoresAmongLocalRanks) {
   EXPECT_EQ(dist::threads_per_local_rank(2, 2), 1);
   EXPECT_EQ(dist::threads_per_local_rank(2, 3), 1);
@@ -756,7 +757,8 @@ TEST(DistLaunch, SplitsTheCoresAmongLocalRanks) {
   int rc = dist::launch_local(2, {"/bin/sh", "-c", cmd});
   testing::internal::GetCapturedStderr();
   ASSERT_EQ(rc, 0);
-  const std::string expected = std::to_string(dist::threads_per_local_rank(orthopt::available_cores(), 2)) + "\n";
+  const int per_process = orthopt::default_intra_op_threads(orthopt::available_cores(), orthopt::blas_threading());
+  const std::string expected = std::to_string(dist::threads_per_local_rank(per_process, 2)) + "\n";
   for (int r = 0; r < 2; ++r) EXPECT_EQ(read_text(out + "/threads_" + std::to_string(r)), expected);
 
   // A variable that asks for no count ("0", which init_runtime ignores) does not shadow the split.
