@@ -225,9 +225,11 @@ int coop_n256_panel_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
 // meetings; main loop − loads only: what the tensor cores add to the operand stream. The "4
 // stages" columns: the main loop alone and the loads alone through a ring one stage deeper than
 // the product's (which has no room for it beside its tile buffers); "2 stages": the main loop
-// through a ring one stage shallower (which would leave room for 128 KiB of staging).
+// through a ring one stage shallower (which would leave room for 128 KiB of staging). "producer
+// stores": the product with the producer thread's stores (WGMMA_COOP_N256_PRODUCER_STORES).
 int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, int repeats) {
-  print_table_head({"batch×m×k", "dense cuBLAS ms", "n256", "n256 +β·C", "n256 in-place only", "n256 stage only",
+  print_table_head({"batch×m×k", "dense cuBLAS ms", "n256", "n256 +β·C", "producer stores", "producer stores +β·C",
+                    "n256 in-place only", "n256 stage only",
                     "n256 main loop", "n256 loads only", "main loop, 4 stages", "loads only, 4 stages",
                     "main loop, 2 stages", "full − stage only", "stage only − main loop",
                     "main loop − loads only"});
@@ -236,11 +238,14 @@ int coop_n256_probe_table(cublasHandle_t h, const std::vector<Shape>& shapes, in
     auto dense = [&] { ops.dense(h, s); };
     auto full = [&](bool with_c) { return ops.product(s, ORTHOPT_SYM_WGMMA_COOP_N256, with_c); };
     auto probe = [&](int stores) { return ops.probe(s, ORTHOPT_SYM_WGMMA_COOP_N256, stores); };
+    auto producer_stores = [&](bool with_c) {
+      return ops.product(s, ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES, with_c);
+    };
     const std::vector<double> t =
-        interleaved_median_ms({dense, full(false), full(true), probe(1), probe(3), probe(4), probe(2), probe(5),
-                               probe(6), probe(7)}, 3, repeats);
+        interleaved_median_ms({dense, full(false), full(true), producer_stores(false), producer_stores(true), probe(1),
+                               probe(3), probe(4), probe(2), probe(5), probe(6), probe(7)}, 3, repeats);
     std::vector<double> row = t;  // then the differences, in ms too
-    row.insert(row.end(), {t[1] - t[4], t[4] - t[5], t[5] - t[6]});
+    row.insert(row.end(), {t[1] - t[6], t[6] - t[7], t[7] - t[8]});
     print_table_row(s, row);
   }
   std::printf("ms: median of %d CUDA-event timings after 3 warm-ups, round-robin; bf16; β·C with β = 0.5. The probe "

@@ -59,7 +59,12 @@ typedef enum {
                                 columns with one wgmma m64n256k16 per step (less shared-memory
                                 traffic per multiply-add than PINGPONG), the epilogue staged and
                                 stored by TMA, where D can be (as PINGPONG_TMA); PINGPONG
-                                elsewhere; a 3-stage ring of 48 KiB stages */
+                                elsewhere; a 3-stage ring of 48 KiB stages */,
+  ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES = 12 /* COOP_N256 with the epilogue's TMA stores
+                                issued and waited for by the producer thread: the consumer
+                                warpgroups stage each tile and go on without meeting each other
+                                or waiting for the stores (only for a tile's in-place stores to
+                                be read before its mirror is staged) */
 } orthopt_sym_path;
 
 /* Human-readable text of the last error on this thread. */

@@ -65,7 +65,7 @@ inline constexpr orthopt_sym_path kSymPaths[] = {
     ORTHOPT_SYM_BLOCKS,         ORTHOPT_SYM_NATIVE,         ORTHOPT_SYM_DENSE,
     ORTHOPT_SYM_WGMMA,          ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
     ORTHOPT_SYM_WGMMA_PAIR,     ORTHOPT_SYM_WGMMA_WIDE,     ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-    ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256};
+    ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256, ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES};
 // Whether the path is one of the Hopper wgmma kernels (sym_abt_wgmma; all but ORTHOPT_SYM_WGMMA
 // are persistent).
 bool is_wgmma_path(orthopt_sym_path path);
@@ -74,7 +74,8 @@ bool is_wgmma_path(orthopt_sym_path path);
 int sym_wgmma_pair_clusters();
 // path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
 // ORTHOPT_SYM_WGMMA_PAIR, ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF or ORTHOPT_SYM_WGMMA_COOP_N256 (the persistent kernels).
+// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256 or
+// ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES (the persistent kernels).
 orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
                              const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,

@@ -9,7 +9,8 @@ using namespace orthopt_k;
 namespace {
 
 // ORTHOPT_SYM_PATH=<a path's name> (sym_path_name: blocks, native, dense, wgmma, wgmma_pingpong,
-// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf, wgmma_coop_n256) forces a path
+// wgmma_coop, wgmma_pair, wgmma_wide, wgmma_pingpong_tma, wgmma_pingpong_tma_1buf, wgmma_coop_n256,
+// wgmma_coop_n256_producer_stores) forces a path
 // for AUTO (experiments, A/B timings).
 orthopt_sym_path forced_path() {
   static const orthopt_sym_path p = [] {
@@ -23,12 +24,15 @@ orthopt_sym_path forced_path() {
 }
 
 // The persistent kernel AUTO takes where it takes one (see auto_sym_path for when and why).
-constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_COOP_N256;
+// The m64n256 kernel with the producer's stores since the twenty-second session (NS A/B, H200:
+// −1.5 to −2% on 5 of 6 shapes, Llama Muon step −1.6%; 2026-12-02-h200-producer-stores.md).
+constexpr orthopt_sym_path kAutoPersistent = ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES;
 
-// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1: AUTO takes ping-pong with the register
-// epilogue, the cooperative m64n128 kernel, the pair or wide kernel, or ping-pong with the
-// TMA-store epilogue (two buffers, or one) instead of the cooperative m64n256 kernel wherever it
-// takes a persistent kernel (A/B timings of whole NS runs and steps).
+// ORTHOPT_SYM_PERSISTENT=pingpong|coop|pair|wide|tma|tma1|n256: AUTO takes ping-pong with the
+// register epilogue, the cooperative m64n128 kernel, the pair or wide kernel, ping-pong with the
+// TMA-store epilogue (two buffers, or one), or the m64n256 kernel with the consumers' stores
+// instead of the m64n256 kernel with the producer's stores wherever it takes a persistent kernel
+// (A/B timings of whole NS runs and steps).
 orthopt_sym_path persistent_override() {
   static const orthopt_sym_path p = [] {
     const char* v = std::getenv("ORTHOPT_SYM_PERSISTENT");
@@ -38,6 +42,7 @@ orthopt_sym_path persistent_override() {
     if (v && std::string_view(v) == "wide") return ORTHOPT_SYM_WGMMA_WIDE;
     if (v && std::string_view(v) == "tma") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA;
     if (v && std::string_view(v) == "tma1") return ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF;
+    if (v && std::string_view(v) == "n256") return ORTHOPT_SYM_WGMMA_COOP_N256;
     return kAutoPersistent;
   }();
   return p;
@@ -61,6 +66,7 @@ const char* sym_path_name(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA: return "wgmma_pingpong_tma";
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF: return "wgmma_pingpong_tma_1buf";
     case ORTHOPT_SYM_WGMMA_COOP_N256: return "wgmma_coop_n256";
+    case ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES: return "wgmma_coop_n256_producer_stores";
   }
   return "?";
 }
@@ -74,7 +80,8 @@ bool is_wgmma_path(orthopt_sym_path path) {
     case ORTHOPT_SYM_WGMMA_WIDE:
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA:
     case ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF:
-    case ORTHOPT_SYM_WGMMA_COOP_N256: return true;
+    case ORTHOPT_SYM_WGMMA_COOP_N256:
+    case ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES: return true;
     case ORTHOPT_SYM_AUTO:
     case ORTHOPT_SYM_BLOCKS:
     case ORTHOPT_SYM_NATIVE:

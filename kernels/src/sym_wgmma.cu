@@ -124,8 +124,10 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* sr
                     : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { ORTHOPT_SM90A_ASM("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Pending: how many of the thread's most recent groups may still be reading (0: none).
+template <int Pending = 0>
 __device__ __forceinline__ void bulk_wait_read() {
-  ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
 }
 __device__ __forceinline__ void fence_async_shared() {
   ORTHOPT_SM90A_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1502,12 +1504,15 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // 16×1536×2048 1.73x ping-pong's time).
 constexpr size_t kCoopN256StageBytes = size_t(3) * kTileBytes;  // first operand's tile, two tiles of the second
 constexpr int kCoopN256Stages = 3;                              // 3 × 48 KiB and two 32 KiB tile buffers
+// Barriers beside the ring's full[stages] and empty[stages]: c_full, c_empty, and the seven of
+// the producer-stores epilogue (CoopN256StoreBarriers).
+constexpr int kCoopN256OtherBarriers = 2 + 7;
 // The shared memory of `stages` stages and `buffers` 32 KiB tile buffers. The product needs the
 // two buffers; 4 stages fit only without them, which the main-loop probes use (does a deeper ring
 // help the main loop? SYM_BENCH_N256=2's "4 stages" columns).
 constexpr size_t coop_n256_smem_bytes(int stages, int buffers) {
   return 1024 + size_t(stages) * kCoopN256StageBytes + size_t(buffers) * kCTileBytes +
-         (2 * size_t(stages) + 2) * sizeof(uint64_t);
+         (2 * size_t(stages) + kCoopN256OtherBarriers) * sizeof(uint64_t);
 }
 // The tile buffers an instance with `stages` stages has: the product's 2, none for the probes'
 // other depths.
@@ -1517,6 +1522,19 @@ constexpr int kCoopN256ShallowStages = 2;  // and shallower one (room for 128 Ki
 static_assert(coop_n256_smem_bytes(kCoopN256Stages, 2) <= 227 * 1024,
               "the cooperative m64n256 kernel's shared memory exceeds 227 KiB");
 static_assert(coop_n256_smem_bytes(kCoopN256DeepStages, 0) <= 227 * 1024, "the 4-stage probes' shared memory exceeds 227 KiB");
+
+// The first pass of the m64n256 epilogue for tile b of pair unit u, this warpgroup's rows h0..:
+// the tile staged in place in `buf` (its C's slot; a diagonal tile whole, with its transposes,
+// stage_half_tma_diagonal), off the diagonal the values kept in acc for the mirror pass. Only
+// tile (0, 0) of a pair computed transposed is on the diagonal and transposed (block row i's
+// pairs never are); it is tile 0 (the pair (0, 0), (2, 0), or (0, 0) with itself).
+template <typename T>
+__device__ __forceinline__ void stage_pair_tile_in_place(float (&acc)[64], unsigned char* buf, const PairUnit& u, int b,
+                                                         bool with_c, float alpha, float beta, float diag, int h0) {
+  if (u.row != u.col[b]) tma_stage_blocks<T, TmaStage::InPlace>(acc, h0, buf, buf, with_c, alpha, beta);
+  else if (b == 0 && u.transposed) stage_half_tma_diagonal<T, true>(acc, h0, buf, buf, with_c, alpha, beta, diag);
+  else stage_half_tma_diagonal<T>(acc, h0, buf, buf, with_c, alpha, beta, diag);
+}
 
 // The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
 // (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
@@ -1544,16 +1562,8 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
     if (threadIdx.x == 0) bulk_wait_read();
     named_bar_sync(1, 256);
   }
-  // Only tile (0, 0) of a pair computed transposed is on the diagonal and transposed (block
-  // row i's pairs never are); it is tile 0 (the pair (0, 0), (2, 0), or (0, 0) with itself).
-  if (on_diag[0] && u.transposed)
-    stage_half_tma_diagonal<T, true>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
-  else if (on_diag[0]) stage_half_tma_diagonal<T>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta, diag);
-  else tma_stage_blocks<T, TmaStage::InPlace>(acc[0], h0, buf[0], buf[0], with_c, alpha, beta);
-  if (present[1]) {
-    if (on_diag[1]) stage_half_tma_diagonal<T>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta, diag);
-    else tma_stage_blocks<T, TmaStage::InPlace>(acc[1], h0, buf[1], buf[1], with_c, alpha, beta);
-  }
+  stage_pair_tile_in_place<T>(acc[0], buf[0], u, 0, with_c, alpha, beta, diag, h0);
+  if (present[1]) stage_pair_tile_in_place<T>(acc[1], buf[1], u, 1, with_c, alpha, beta, diag, h0);
   fence_async_shared();
   named_bar_sync(1, 256);
   const bool mirrors = Epi != EpilogueProbe::InPlace && (!on_diag[0] || (present[1] && !on_diag[1]));
@@ -1583,11 +1593,92 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
   if (wait_last) named_bar_sync(1, 256);
 }
 
+// The producer-stores epilogue of the m64n256 kernel (ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES):
+// the same staging through the same two tile buffers as store_pair_tma, but the producer thread
+// issues the TMA stores and waits for them, so that the consumer warpgroups never meet each other
+// or wait for the copy engine at the end of a block: each warpgroup stages its rows and signals
+// by an mbarrier, tile by tile, and waits only until the engine has read a tile's in-place
+// stores before it writes that tile's mirror. With C, the producer loads the next block's C once
+// the last stores have been read (c_full then also says the buffers are free); without C it
+// signals buffers_free. Each barrier but in_read completes one phase per block (parity n & 1);
+// in_read[b] completes one per mirrored tile b (a diagonal or absent tile has none, and nobody
+// waits), its parity counted by each consumer thread (mirror_uses). No side can run a phase ahead
+// of the other: a warpgroup stages block n + 1 only once the producer has finished block n,
+// which it does only after every arrival of block n.
+struct CoopN256StoreBarriers {
+  uint64_t* staged_in;      // [2]: tile b staged in place (one arrival per consumer warpgroup)
+  uint64_t* staged_mirror;  // [2]: tile b's mirror staged, or none to stage (the same)
+  uint64_t* in_read;        // [2]: the engine has read tile b's in-place stores (the producer)
+  uint64_t* buffers_free;   // without C: the buffers may take the next block (the producer)
+};
+__device__ __forceinline__ bool pair_tile_mirrored(const PairUnit& u, int b) {
+  return (b == 0 || u.second) && u.row != u.col[b];
+}
+
+// Consumer warpgroup w: stages both tiles of its block in place, then their mirrors (as
+// store_pair_tma, without its meetings and waits). mirror_uses[b]: tile b's mirrors staged so far
+// by this thread (in_read[b]'s phase).
+template <typename T>
+__device__ __forceinline__ void stage_pair_for_producer(float (&acc)[2][64], unsigned char* cbuf, bool with_c,
+                                                        const PairUnit& u, uint32_t (&mirror_uses)[2], float alpha,
+                                                        float beta, float diag, int w,
+                                                        const CoopN256StoreBarriers& sb) {
+  unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
+  const int h0 = 64 * w, lt = threadIdx.x % 128;
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    if (b == 0 || u.second) {
+      stage_pair_tile_in_place<T>(acc[b], buf[b], u, b, with_c, alpha, beta, diag, h0);
+      fence_async_shared();
+      named_bar_sync(3 + w, 128);
+    }
+    if (lt == 0) mbar_arrive(&sb.staged_in[b]);
+  }
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    if (pair_tile_mirrored(u, b)) {
+      mbar_wait(&sb.in_read[b], mirror_uses[b]++ & 1);
+      tma_stage_blocks<T, TmaStage::Mirror>(acc[b], h0, buf[b], buf[b], false, alpha, beta);
+      fence_async_shared();
+      named_bar_sync(3 + w, 128);
+    }
+    if (lt == 0) mbar_arrive(&sb.staged_mirror[b]);
+  }
+}
+
+// The producer thread, block n (unit u): each tile's in-place store once both warpgroups have
+// staged it, then (once read) in_read where the tile has a mirror, then the mirrors' stores. Returns with the mirrors' stores
+// in flight: the caller waits until they have been read before the buffers take anything else.
+__device__ __forceinline__ void store_pair_for_consumers(const CUtensorMap* map_d, unsigned char* cbuf,
+                                                         const PairUnit& u, int64_t n,
+                                                         const CoopN256StoreBarriers& sb) {
+  unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
+  const uint32_t parity = static_cast<uint32_t>(n & 1);
+  for (int b = 0; b < 2; ++b) {
+    mbar_wait(&sb.staged_in[b], parity);
+    if (b == 0 || u.second) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
+    bulk_commit();
+  }
+  bulk_wait_read<1>();  // tile 0's group (tile 1's may still be reading)
+  if (pair_tile_mirrored(u, 0)) mbar_arrive(&sb.in_read[0]);
+  bulk_wait_read<0>();
+  if (pair_tile_mirrored(u, 1)) mbar_arrive(&sb.in_read[1]);
+  for (int b = 0; b < 2; ++b) {
+    mbar_wait(&sb.staged_mirror[b], parity);
+    if (pair_tile_mirrored(u, b)) tma_store_tile(map_d, buf[b], u.row, u.col[b], u.z);
+  }
+  bulk_commit();
+}
+
 // CTma: C is given (and loaded by TMA, as d_by_tma requires). Epi: Full, or a timing probe
 // (EpilogueProbe; without C only).
 // Stages: kCoopN256Stages with the two tile buffers, or (the MainLoop and LoadsOnly probes only)
 // kCoopN256DeepStages or kCoopN256ShallowStages without them.
-template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages>
+// ProducerStores: the epilogue's stores issued and waited for by the producer thread
+// (stage_pair_for_producer, store_pair_for_consumers; the product only), else by the consumers
+// (store_pair_tma).
+template <typename T, bool CTma, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages,
+          bool ProducerStores = false>
 __global__ void __launch_bounds__(kPpThreads, 1)
     sym_wgmma_coop_n256_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_d,
@@ -1597,6 +1688,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   constexpr int kBuffers = coop_n256_buffers(Stages);
   static_assert(kBuffers == 2 || ((Epi == EpilogueProbe::MainLoop || Epi == EpilogueProbe::LoadsOnly) && !CTma),
                 "only the main-loop probes run without the tile buffers");
+  static_assert(!ProducerStores || (Epi == EpilogueProbe::Full && kBuffers == 2),
+                "the producer-stores epilogue has no probes");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* cbuf = ring + size_t(kS) * kCoopN256StageBytes;  // the block's two C tiles, then its staged D tiles
@@ -1604,19 +1697,36 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   uint64_t* empty = full + kS;
   uint64_t* c_full = empty + kS;  // this block's C tiles have landed
   uint64_t* c_empty = c_full + 1;  // both warpgroups have read the previous block's C
+  const CoopN256StoreBarriers sb{c_empty + 1, c_empty + 3, c_empty + 5, c_empty + 7};
   constexpr bool c_by_tma = CTma;
   const int t = (m + kBM - 1) / kBM;
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = items_of_cta(total_pairs);
-  persistent_prologue([&] { init_coop_barriers<kS>(full, empty, c_full, c_empty); });
+  persistent_prologue([&] {
+    init_coop_barriers<kS>(full, empty, c_full, c_empty);
+    if constexpr (ProducerStores) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&sb.staged_in[b], 2);
+        mbar_init(&sb.staged_mirror[b], 2);
+        mbar_init(&sb.in_read[b], 1);
+      }
+      mbar_init(sb.buffers_free, 1);
+      ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  });
 
   if (wg == 2) {
     producer_registers();
     if (tid == 256) {
       int64_t g = 0;
       const int first_stages = ktiles < kS ? ktiles : kS;
+      // ProducerStores: the previous block's stores once this block's first stages are queued
+      // (the ring is then full until the consumers are through that epilogue), and the buffers
+      // refilled halfway through this block's loads, by when those stores have long been read.
+      const int refill_kt = ktiles / 2 > first_stages - 1 ? ktiles / 2 : first_stages - 1;
+      PairUnit prev{};
       for (int64_t n = 0; n < my_pairs; ++n) {
         const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t, 0, panel);
         const CUtensorMap* first = u.transposed ? &map_b : &map_a;
@@ -1627,12 +1737,29 @@ __global__ void __launch_bounds__(kPpThreads, 1)
           tma_load(a, first, &full[s], kt * kBK, u.row, u.z);
           tma_load(a + kTileBytes, second, &full[s], kt * kBK, u.col[0], u.z);
           tma_load(a + 2 * kTileBytes, second, &full[s], kt * kBK, u.col[1], u.z);
-          if (c_by_tma && kt == first_stages - 1) {
+          if constexpr (ProducerStores) {
+            if (n > 0 && kt == first_stages - 1) store_pair_for_consumers(&map_d, cbuf, prev, n - 1, sb);
+            if (kt == refill_kt) {
+              bulk_wait_read<0>();  // the previous block's mirrors
+              if (c_by_tma) {
+                mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
+                for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
+              } else {
+                mbar_arrive(sb.buffers_free);
+              }
+            }
+          } else if (c_by_tma && kt == first_stages - 1) {
             if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
             mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
             for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
           }
         }
+        prev = u;
+      }
+      if constexpr (ProducerStores) {
+        if (my_pairs > 0) store_pair_for_consumers(&map_d, cbuf, prev, my_pairs - 1, sb);
+        // Complete (not only read) before the CTA's shared memory goes away.
+        ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
     }
     return;
@@ -1644,6 +1771,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (lt == 0) mbar_arrive(&empty[s]);
   };
   int64_t g = 0;
+  uint32_t mirror_uses[2] = {0, 0};  // ProducerStores: in_read's phases
   for (int64_t n = 0; n < my_pairs; ++n) {
     const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t, 0, panel);
     float acc[2][64];
@@ -1661,6 +1789,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         release);
     wgmma_wait<0>();
     release(static_cast<int>((g - 1) % kS));
+    if constexpr (ProducerStores) {
+      // The buffers hold this block's C, or nothing the engine still reads.
+      mbar_wait(c_by_tma ? c_full : sb.buffers_free, static_cast<uint32_t>(n & 1));
+      stage_pair_for_producer<T>(acc, cbuf, c_by_tma, u, mirror_uses, alpha, beta, diag, w, sb);
+      continue;
+    }
     if (c_by_tma) mbar_wait(c_full, static_cast<uint32_t>(n & 1));
     if constexpr (Epi == EpilogueProbe::MainLoop) {
       // A branch the probe never takes (alpha != 0) reads the accumulators, so that ptxas keeps
@@ -1681,7 +1815,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     if (c_by_tma && lt == 0) mbar_arrive(c_empty);
   }
   // Stores still in flight (without C) complete before the CTA's shared memory goes away.
-  if (tid == 0) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  if (!ProducerStores && tid == 0) ORTHOPT_SM90A_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda, so
@@ -1967,8 +2101,10 @@ orthopt_status launch_wide(orthopt_dtype dtype, int64_t batch, int64_t m, int64_
 
 // The cooperative m64n256 kernel: one grid of min(pairs, SMs) CTAs, each walking a stride of the
 // pair list; ping-pong (register epilogue) where D cannot be stored by TMA. Epi: a timing probe
-// (without C) or the product.
-template <typename T, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages>
+// (without C) or the product. ProducerStores: the epilogue's stores by the producer thread
+// (ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES).
+template <typename T, EpilogueProbe Epi = EpilogueProbe::Full, int Stages = kCoopN256Stages,
+          bool ProducerStores = false>
 orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                                 int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                                 int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
@@ -1992,7 +2128,7 @@ orthopt_status launch_coop_n256(orthopt_dtype dtype, int64_t batch, int64_t m, i
   auto run = [&](auto c_tma) -> orthopt_status {
     constexpr bool kCByTma = decltype(c_tma)::value;
     constexpr size_t kSmem = coop_n256_smem_bytes(Stages, coop_n256_buffers(Stages));
-    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Stages>>(
+    return launch_one_per_sm<sym_wgmma_coop_n256_kernel<T, kCByTma, Epi, Stages, ProducerStores>>(
         kSmem, total, stream, map_a, map_b, map_c, map_d, static_cast<int>(m), static_cast<int>(k), alpha, beta, diag,
         per_matrix, total, pair_panel());
   };
@@ -2043,6 +2179,8 @@ orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t
     if (path == ORTHOPT_SYM_WGMMA_WIDE) return run(launch_wide<T>);
     if (path == ORTHOPT_SYM_WGMMA_COOP) return run(launch_persistent<T, true>);
     if (path == ORTHOPT_SYM_WGMMA_COOP_N256) return run(launch_coop_n256<T>);
+    if (path == ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES)
+      return run(launch_coop_n256<T, EpilogueProbe::Full, kCoopN256Stages, /*ProducerStores=*/true>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG) return run(launch_persistent<T, false>);
     if (path == ORTHOPT_SYM_WGMMA_PINGPONG_TMA)
       return run(launch_persistent<T, false, EpilogueProbe::Full, /*TmaBuffers=*/2>);

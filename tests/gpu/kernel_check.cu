@@ -1504,15 +1504,23 @@ int main(int argc, char** argv) {
       // m = 130 and 136 the second half of the last block row lies wholly past m. The
       // cooperative m64n256 kernel takes the same pairs, both warpgroups on each (at m % 8 != 0
       // it hands over to ping-pong: D cannot be stored by TMA there).
-      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE ||
-                         path == ORTHOPT_SYM_WGMMA_COOP_N256;
+      const bool n256 = path == ORTHOPT_SYM_WGMMA_COOP_N256 || path == ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES;
+      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || n256;
       if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
       }
       if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
-      if (path == ORTHOPT_SYM_WGMMA_WIDE || path == ORTHOPT_SYM_WGMMA_COOP_N256)
+      if (path == ORTHOPT_SYM_WGMMA_WIDE || n256)
         check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
+      // The producer-stores epilogue's barriers over 2-3 blocks per CTA (320 pairs), with C and
+      // without, one k-step per block (its stores and the buffers' refill at the same k-step),
+      // and (full list) 9 k-steps per block over 200 pairs.
+      if (path == ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES) {
+        check_sym(dt, path, 64, 512, 64, false, true, rng);
+        check_sym(dt, path, 64, 512, 64, true, false, rng);
+        if (!quick) check_sym(dt, path, 40, 512, 520, false, true, rng);
+      }
       // C is an operand as stored (the NS products' form): A = B = C, C = A ≠ B, C = B ≠ A, several
       // pairs per CTA with the ring wrapping (80×256: 160 pairs), and m % 128 != 0.
       check_sym(dt, path, 2, 256, 0, true, true, rng, /*c_alias=*/1);
