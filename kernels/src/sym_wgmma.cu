@@ -83,6 +83,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   ORTHOPT_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
+// Makes the initialised barriers visible to the other threads (and the copy engine): once, after
+// the last mbar_init of a kernel, before the CTA syncs.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   ORTHOPT_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                     : "memory");
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 256);  // every consumer thread arrives
     }
-    ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -826,7 +831,7 @@ __device__ __forceinline__ void init_pingpong_barriers(uint64_t* full, uint64_t*
     mbar_init(&c_full[w], 1);
     mbar_init(&c_empty[w], 1);
   }
-  ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  fence_mbarrier_init();
 }
 
 // The C buffers of the ping-pong kernels (pair and wide too), one per consumer warpgroup, the
@@ -1044,17 +1049,22 @@ constexpr size_t coop_smem_bytes() {
 
 // Barriers of the cooperative kernels' ring (both warpgroups consume every stage): full[s] (the
 // producer's arrival plus the bytes), empty[s] (one arrival per consumer warpgroup), c_full (the
-// block's C tiles have landed) and c_empty (both warpgroups have read them).
-template <int Stages>
+// block's C tiles have landed) and c_empty (both warpgroups have read them). more(): a kernel's
+// other barriers, initialised before the one fence.
+struct NoMoreBarriers {
+  __device__ void operator()() const {}
+};
+template <int Stages, typename More = NoMoreBarriers>
 __device__ __forceinline__ void init_coop_barriers(uint64_t* full, uint64_t* empty, uint64_t* c_full,
-                                                   uint64_t* c_empty) {
+                                                   uint64_t* c_empty, More more = {}) {
   for (int s = 0; s < Stages; ++s) {
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], 2);
   }
   mbar_init(c_full, 1);
   mbar_init(c_empty, 2);
-  ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  more();
+  fence_mbarrier_init();
 }
 
 // Wide tile idx of a matrix, row-major over the rows i of 128×128 blocks, with columns
@@ -1536,6 +1546,13 @@ __device__ __forceinline__ void stage_pair_tile_in_place(float (&acc)[64], unsig
   else stage_half_tma_diagonal<T>(acc, h0, buf, buf, with_c, alpha, beta, diag);
 }
 
+// Tile b of a block is in the product (tile 1 is absent where the pair has one tile only), and
+// has a mirror to store (it lies off the diagonal).
+__device__ __forceinline__ bool pair_tile_present(const PairUnit& u, int b) { return b == 0 || u.second; }
+__device__ __forceinline__ bool pair_tile_mirrored(const PairUnit& u, int b) {
+  return pair_tile_present(u, b) && u.row != u.col[b];
+}
+
 // The epilogue of a block of the cooperative m64n256 kernel by TMA stores, consumer warpgroup w
 // (acc[b]: rows 64w.. of tile b): tile b is staged in buffer b (C's slot, its C read in place
 // as in store_tile_tma_one_buffer), rows 64w.. by warpgroup w, so that once both warpgroups have
@@ -1555,7 +1572,7 @@ __device__ __forceinline__ void store_pair_tma(float (&acc)[2][64], unsigned cha
                                                const CUtensorMap* map_d, const PairUnit& u, float alpha, float beta,
                                                float diag, int w) {
   unsigned char* buf[2] = {cbuf, cbuf + kCTileBytes};
-  const bool present[2] = {true, u.second};
+  const bool present[2] = {pair_tile_present(u, 0), pair_tile_present(u, 1)};
   const bool on_diag[2] = {u.row == u.col[0], u.row == u.col[1]};
   const int h0 = 64 * w;
   if (!wait_last) {  // the previous block's transposes have been read
@@ -1611,9 +1628,6 @@ struct CoopN256StoreBarriers {
   uint64_t* in_read;        // [2]: the engine has read tile b's in-place stores (the producer)
   uint64_t* buffers_free;   // without C: the buffers may take the next block (the producer)
 };
-__device__ __forceinline__ bool pair_tile_mirrored(const PairUnit& u, int b) {
-  return (b == 0 || u.second) && u.row != u.col[b];
-}
 
 // Consumer warpgroup w: stages both tiles of its block in place, then their mirrors (as
 // store_pair_tma, without its meetings and waits). mirror_uses[b]: tile b's mirrors staged so far
@@ -1627,7 +1641,7 @@ __device__ __forceinline__ void stage_pair_for_producer(float (&acc)[2][64], uns
   const int h0 = 64 * w, lt = threadIdx.x % 128;
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    if (b == 0 || u.second) {
+    if (pair_tile_present(u, b)) {
       stage_pair_tile_in_place<T>(acc[b], buf[b], u, b, with_c, alpha, beta, diag, h0);
       fence_async_shared();
       named_bar_sync(3 + w, 128);
@@ -1647,8 +1661,9 @@ __device__ __forceinline__ void stage_pair_for_producer(float (&acc)[2][64], uns
 }
 
 // The producer thread, block n (unit u): each tile's in-place store once both warpgroups have
-// staged it, then (once read) in_read where the tile has a mirror, then the mirrors' stores. Returns with the mirrors' stores
-// in flight: the caller waits until they have been read before the buffers take anything else.
+// staged it, then (once read) in_read where the tile has a mirror, then the mirrors' stores.
+// Returns with the mirrors' stores in flight: the caller waits until they have been read before
+// the buffers take anything else.
 __device__ __forceinline__ void store_pair_for_consumers(const CUtensorMap* map_d, unsigned char* cbuf,
                                                          const PairUnit& u, int64_t n,
                                                          const CoopN256StoreBarriers& sb) {
@@ -1656,7 +1671,7 @@ __device__ __forceinline__ void store_pair_for_consumers(const CUtensorMap* map_
   const uint32_t parity = static_cast<uint32_t>(n & 1);
   for (int b = 0; b < 2; ++b) {
     mbar_wait(&sb.staged_in[b], parity);
-    if (b == 0 || u.second) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
+    if (pair_tile_present(u, b)) tma_store_tile(map_d, buf[b], u.col[b], u.row, u.z);
     bulk_commit();
   }
   bulk_wait_read<1>();  // tile 0's group (tile 1's may still be reading)
@@ -1705,16 +1720,16 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   const int ktiles = (k + kBK - 1) / kBK;
   const int64_t my_pairs = items_of_cta(total_pairs);
   persistent_prologue([&] {
-    init_coop_barriers<kS>(full, empty, c_full, c_empty);
-    if constexpr (ProducerStores) {
-      for (int b = 0; b < 2; ++b) {
-        mbar_init(&sb.staged_in[b], 2);
-        mbar_init(&sb.staged_mirror[b], 2);
-        mbar_init(&sb.in_read[b], 1);
+    init_coop_barriers<kS>(full, empty, c_full, c_empty, [&] {
+      if constexpr (ProducerStores) {
+        for (int b = 0; b < 2; ++b) {
+          mbar_init(&sb.staged_in[b], 2);
+          mbar_init(&sb.staged_mirror[b], 2);
+          mbar_init(&sb.in_read[b], 1);
+        }
+        mbar_init(sb.buffers_free, 1);
       }
-      mbar_init(sb.buffers_free, 1);
-      ORTHOPT_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    });
   });
 
   if (wg == 2) {
@@ -1731,6 +1746,10 @@ __global__ void __launch_bounds__(kPpThreads, 1)
         const PairUnit u = locate_pair_unit(blockIdx.x + n * gridDim.x, pairs_per_mat, t, 0, panel);
         const CUtensorMap* first = u.transposed ? &map_b : &map_a;
         const CUtensorMap* second = u.transposed ? &map_a : &map_b;
+        auto load_block_c = [&] {
+          mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
+          for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
+        };
         for (int kt = 0; kt < ktiles; ++kt, ++g) {
           const int s = acquire_stage<kS>(g, full, empty, static_cast<uint32_t>(kCoopN256StageBytes));
           unsigned char* a = ring + static_cast<size_t>(s) * kCoopN256StageBytes;
@@ -1741,17 +1760,14 @@ __global__ void __launch_bounds__(kPpThreads, 1)
             if (n > 0 && kt == first_stages - 1) store_pair_for_consumers(&map_d, cbuf, prev, n - 1, sb);
             if (kt == refill_kt) {
               bulk_wait_read<0>();  // the previous block's mirrors
-              if (c_by_tma) {
-                mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
-                for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
-              } else {
+              if (c_by_tma)
+                load_block_c();
+              else
                 mbar_arrive(sb.buffers_free);
-              }
             }
           } else if (c_by_tma && kt == first_stages - 1) {
             if (n > 0) mbar_wait(c_empty, static_cast<uint32_t>((n - 1) & 1));
-            mbar_expect_tx(c_full, static_cast<uint32_t>(2 * kCTileBytes));
-            for (int b = 0; b < 2; ++b) tma_load_tile(cbuf + b * kCTileBytes, &map_c, c_full, u.col[b], u.row, u.z);
+            load_block_c();
           }
         }
         prev = u;
