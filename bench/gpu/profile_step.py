@@ -1,11 +1,16 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
-[--algos=muon,dion3] [--top=N] [--host]
+[--algos=muon,dion3] [--top=N] [--host] [--graph]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, the
 profiled steps' own event time and timeline (the time the GPU idled between kernels), and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
-top kernels by total time. Eager steps: a CUDA-graph replay shows as one opaque launch.
+top kernels by total time.
+--graph also profiles the CUDA-graph-captured step (orthopt.CudaGraphOptimizer on parameters of
+its own, same shapes): the two steps timed round-robin, then the graph's replays
+broken down like the eager step (the profiler reports the kernels inside a replay where the
+CUDA driver's activity records carry them), so that a graph slower than its eager step can be
+told apart as slower kernels (clock, memory placement) or as less overlap between them.
 --host also prints where the host's time goes: the host time to enqueue one step (from an idle
 GPU, through the Python front end and through the C++ optimizer directly), and the host-side
 operations (ATen ops, CUDA runtime calls) by self CPU time; an eager step whose enqueue takes
@@ -19,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 import orthopt
-from step_peers import median_ms, param_set
+from step_peers import median_ms, param_set, round_robin_ms
 
 STEPS = 3
 
@@ -153,11 +158,23 @@ def main():
     algos = flags.get("algos", "muon,normuon,dion3").split(",")
     top = int(flags.get("top", "14"))
     host = "--host" in sys.argv[1:]
+    graph = "--graph" in sys.argv[1:]
     for name in sets:
         mats, others = param_set(name)
         for algo in algos:
             opt = orthopt.Muon(groups_for(algo, mats, others))
+            if graph:
+                g_mats, g_others = param_set(name)
+                g = orthopt.CudaGraphOptimizer(orthopt.Muon(groups_for(algo, g_mats, g_others)), warmup_steps=2)
+                for _ in range(3):  # two eager warm-up steps and the capture, before any timing
+                    g.step()
+                eager_ms, graph_ms = round_robin_ms([opt.step, g.step], warmup=3, repeats=15)
+                print(f"\n## {name} {algo}: eager {eager_ms:.3f} ms, graph {graph_ms:.3f} ms "
+                      f"(CUDA events, round-robin, median of 15); graph / eager {graph_ms / eager_ms:.3f}", flush=True)
             print_breakdown(opt.step, f"{name} {algo}: step", "step", top)
+            if graph:
+                print_breakdown(g.step, f"{name} {algo}: graph replay", "step", top)
+                del g, g_mats, g_others
             if host:
                 print_host(opt, f"{name} {algo}: step", top)
             del opt
