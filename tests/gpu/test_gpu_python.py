@@ -2,6 +2,8 @@
 
 The reference is standard Newton–Schulz in float64 written here in plain torch, on random
 inputs; the bound is the bf16 noise of the same iteration run densely in plain torch bf16."""
+import contextlib
+
 import pytest
 import torch
 
@@ -58,3 +60,54 @@ def test_step_is_seen_by_autograd_as_an_inplace_update(algorithm):
     assert p._version > v0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+# ---- no hidden host synchronization
+#
+# torch's sync debug mode ("error") raises at every synchronizing call that goes through c10's hooks
+# (.item(), copies to the host, stream or device synchronize). An optimizer step that synchronizes
+# makes the host wait for the GPU every step, so the next step's launches cannot queue up behind
+# the running kernels. A direct CUDA runtime call would pass unseen, so the CUDA-graph tests
+# (capture fails on any synchronization) complement this one for the algorithms they capture.
+
+MATRICES = [(96, 160), (160, 96), (128, 128), (2, 64, 96), (3, 200, 72)]
+
+
+@contextlib.contextmanager
+def sync_debug_error():
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("algorithm", ["muon", "normuon", "dion3", "dion", "adamw", "lion"])
+def test_eager_step_does_not_synchronize(algorithm):
+    """Every step of each algorithm, the first (which creates the state) included, fp32 parameters
+    on their default GPU paths; one AdamW group of vectors beside the matrix groups."""
+    gen = torch.Generator().manual_seed(11)
+    mats = [torch.randn(s, generator=gen).cuda().requires_grad_() for s in MATRICES]
+    vecs = [torch.randn(96, generator=gen).cuda().requires_grad_()]
+    groups = [{"params": mats, "algorithm": algorithm}, {"params": vecs, "algorithm": "adamw", "lr": 3e-3}]
+    opt = orthopt.Muon(groups, lr=0.02, weight_decay=0.1)
+    before = [p.detach().clone() for p in mats + vecs]
+    for step in range(3):
+        for p in mats + vecs:
+            p.grad = torch.randn(p.shape, generator=gen).cuda()
+        with sync_debug_error():
+            opt.step()
+    assert all(torch.isfinite(p).all() and not torch.equal(p, b) for p, b in zip(mats + vecs, before))
+
+
+def test_orthogonalize_synchronizes_only_for_its_nonfinite_check():
+    """docs/orthogonalization.md: nonfinite="error" costs one host synchronization (the flag is read
+    after the work is enqueued); "propagate" costs none."""
+    G = torch.randn(4, 256, 384, device="cuda")
+    with sync_debug_error():
+        out = orthopt.orthogonalize(G, nonfinite="propagate")
+    assert torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match="synchroniz"):
+        with sync_debug_error():
+            orthopt.orthogonalize(G)
