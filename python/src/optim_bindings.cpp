@@ -16,7 +16,7 @@ const std::vector<std::string>& option_keys() {
   static const std::vector<std::string> keys = {
       "algorithm", "lr", "weight_decay", "cautious_weight_decay", "momentum", "momentum_style", "nesterov",
       "lr_adjust", "schedule", "ns_steps", "method", "compute_dtype", "split_sizes", "flatten", "gram_restarts",
-      "ns_safety", "ns_eps", "normuon_beta2", "normuon_eps", "fraction", "scale_lr_by_fraction",
+      "gram_aspect_threshold", "ns_safety", "ns_eps", "normuon_beta2", "normuon_eps", "fraction", "scale_lr_by_fraction",
       "rank_fraction", "betas", "eps", "master_weights"};
   return keys;
 }
@@ -62,6 +62,7 @@ GroupOptions options_from_dict(const py::dict& d) {
   read(d, "split_sizes", o.ortho.split_sizes);
   read(d, "flatten", o.ortho.flatten);
   read(d, "gram_restarts", o.ortho.gram_restarts);
+  read(d, "gram_aspect_threshold", o.ortho.gram_aspect_threshold);
   if (d.contains("ns_safety") && !d["ns_safety"].is_none()) o.ortho.safety = d["ns_safety"].cast<double>();
   if (d.contains("ns_eps") && !d["ns_eps"].is_none()) o.ortho.eps = d["ns_eps"].cast<double>();
   read(d, "normuon_beta2", o.normuon_beta2);

@@ -400,8 +400,12 @@ class OptimizerImpl {
       if (spec.name == "master") {
         st[spec.name] = p.detach().to(at::kFloat).clone();
       } else if (spec.name == "Q") {
-        // Dion's right factor starts random; seeded per (group, param) so runs repeat.
-        st[spec.name] = initial_q(g, i, spec.sizes).to(p.device());
+        // Dion's right factor starts random; seeded per (group, param) so runs repeat. Drawn on
+        // the CPU (the same Q on every device); to a GPU through pinned memory, since a copy from
+        // pageable memory makes the host wait for the device (tests/gpu: no step synchronizes).
+        at::Tensor q = initial_q(g, i, spec.sizes);
+        st[spec.name] = p.is_cuda() ? q.pin_memory().to(p.device(), q.scalar_type(), /*non_blocking=*/true)
+                                    : q.to(p.device());
       } else {
         st[spec.name] = at::zeros(spec.sizes, opts);
       }

@@ -253,6 +253,27 @@ def test_param_groups_routing():
     assert opt.step_count == 1
 
 
+def test_gram_aspect_threshold_is_a_group_option():
+    """auto takes Gram NS when cols >= threshold·rows: a 64×88 matrix (aspect 1.375) runs standard NS
+    under the default 1.5 and Gram NS under 1.3, so a step with 1.3 equals one with method='gram'
+    exactly (same code path, same data) and differs from the default's (Gram and standard NS agree
+    only to the iteration's rounding and its error, far above fp64 rounding)."""
+    def one_step(**opts):
+        p = make_params([(64, 88)])
+        opt = orthopt.Muon(p, lr=0.02, compute_dtype=torch.float64, **opts)
+        for q, g in zip(p, grads_for(p, 0)):
+            q.grad = g
+        opt.step()
+        return p[0].detach().clone()
+
+    default, low, gram = one_step(), one_step(gram_aspect_threshold=1.3), one_step(method="gram")
+    assert torch.equal(low, gram)
+    assert not torch.equal(low, default)
+    assert torch.equal(one_step(gram_aspect_threshold=1.4), default)  # 88 < 1.4·64 = 89.6
+    with pytest.raises(RuntimeError, match="'gram_aspect_threshold'"):
+        orthopt.Muon(make_params([(8, 8)]), gram_aspect_threshold=0.5)
+
+
 def test_bad_input_errors():
     with pytest.raises(RuntimeError, match="'algorithm'"):
         orthopt.Muon(make_params([(8,)]))
