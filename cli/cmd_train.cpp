@@ -73,6 +73,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {"spike_sigma", Kind::Double, "spike guard threshold in standard deviations"},
       {"device", Kind::String, "auto, cpu or cuda"},
       {"bf16", Kind::Bool, "bf16 autocast on CUDA (true/false)"},
+      {"cuda_graph", Kind::Bool, "replay the optimizer step as a CUDA graph after 10 eager steps (CUDA, one process; not dion)"},
+      {"deterministic", Kind::Bool, "deterministic kernels (torch's strict mode): bit-reproducible CUDA runs, slower"},
       {"log_every", Kind::Int, "log line interval when stdout is not a terminal"},
       {"progress", Kind::String, "progress bar: auto, on, off"},
   };
@@ -163,6 +165,8 @@ TrainConfig build_config(const TrainArgs& args, const json& defaults) {
 
 int run_train(const TrainArgs& args) {
   const TrainConfig cfg = build_config(args, json::object());
+  TORCH_CHECK(args.nproc <= 1 || !cfg.cuda_graph,
+              "--cuda-graph: not available with --nproc (the distributed step's collectives are not captured)");
   // --nproc N: this process becomes the launcher of N ranks (each runs this command without
   // --nproc, with RANK/WORLD_SIZE/MASTER_* set; docs/distributed.md).
   if (args.nproc > 1 && !std::getenv("RANK")) return dist::launch_local(args.nproc, dist::relaunch_argv({"--nproc"}));

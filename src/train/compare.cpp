@@ -65,7 +65,11 @@ double steps_to_reach(const std::vector<EvalPoint>& evals, double target) {
 std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
   TORCH_CHECK(!c.algorithms.empty(), "--algorithms: at least one algorithm is needed");
   TORCH_CHECK(!c.seeds.empty(), "--seeds: at least one seed is needed");
-  for (const auto& a : c.algorithms) default_matrix_lr(a);  // validates the names
+  for (const auto& a : c.algorithms) {  // every run's configuration, before the first run starts
+    TrainConfig t = c.base;
+    t.algorithm = a;
+    validate(t);
+  }
   for (const auto& kv : c.lrs) {
     TORCH_CHECK(std::find(c.algorithms.begin(), c.algorithms.end(), kv.first) != c.algorithms.end(),
                 "--lrs: '", kv.first, "' is not one of the compared algorithms");

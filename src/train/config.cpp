@@ -43,7 +43,8 @@ json to_json(const TrainConfig& c) {
       {"run_dir", c.run_dir}, {"resume", c.resume}, {"save_checkpoints", c.save_checkpoints},
       {"inject_nonfinite", c.inject_nonfinite}, {"max_nonfinite", c.max_nonfinite},
       {"stop_after", c.stop_after}, {"spike_window", c.spike_window}, {"spike_sigma", c.spike_sigma},
-      {"device", c.device}, {"bf16", c.bf16}, {"log_every", c.log_every}, {"progress", c.progress},
+      {"device", c.device}, {"bf16", c.bf16}, {"cuda_graph", c.cuda_graph}, {"deterministic", c.deterministic},
+      {"log_every", c.log_every}, {"progress", c.progress},
   };
 }
 
@@ -125,6 +126,8 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "spike_sigma", c.spike_sigma, seen);
   read_key(j, "device", c.device, seen);
   read_key(j, "bf16", c.bf16, seen);
+  read_key(j, "cuda_graph", c.cuda_graph, seen);
+  read_key(j, "deterministic", c.deterministic, seen);
   read_key(j, "log_every", c.log_every, seen);
   read_key(j, "progress", c.progress, seen);
   for (const auto& item : j.items())
@@ -170,6 +173,10 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.spike_window >= 2, "spike_window: must be >= 2, got ", c.spike_window);
   TORCH_CHECK(c.spike_sigma > 0.0, "spike_sigma: must be > 0, got ", c.spike_sigma);
   TORCH_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device: must be auto, cpu or cuda, got '", c.device, "'");
+  TORCH_CHECK(!c.cuda_graph || c.device != "cpu", "cuda_graph: needs a CUDA device, but device is 'cpu'");
+  TORCH_CHECK(!c.cuda_graph || c.algorithm != "dion",
+              "cuda_graph: dion's step cannot be captured (its QR runs through cuSOLVER, which stream capture does "
+              "not support); use dion3, or leave cuda_graph off");
   TORCH_CHECK(c.log_every >= 1, "log_every: must be >= 1, got ", c.log_every);
   TORCH_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off", "progress: must be auto, on or off, got '", c.progress, "'");
 }
@@ -188,7 +195,10 @@ const std::vector<std::string>& resume_volatile_keys() {
   static const std::vector<std::string> keys = {
       "data",  // replaced by the corpus' SHA-256
       "run_dir", "resume", "save_checkpoints", "checkpoint_every", "keep_last", "inject_nonfinite",
-      "max_nonfinite", "stop_after", "log_every", "progress"};
+      "max_nonfinite", "stop_after", "log_every", "progress",
+      // how the step executes, not what it computes: a graph replay is bit-identical to the eager
+      // step (docs/cuda_graph.md), and deterministic kernels are other implementations of the same operations
+      "cuda_graph", "deterministic"};
   return keys;
 }
 

@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "core/torch_version.h"
+#include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 #include "orthopt/dist.h"
 #include "orthopt/train/checkpoint.h"
@@ -92,6 +93,30 @@ class Bf16Autocast {
  private:
   bool on_;
   bool prev_ = false;
+};
+
+// torch's strict deterministic mode for the duration of a run (`deterministic`): an operation
+// without a deterministic implementation throws instead of running. cuBLAS needs a fixed
+// workspace configuration to be reproducible, which is read when the process first uses it, so
+// it is set before the run's first CUDA work (a value the user set is kept).
+class DeterministicKernels {
+ public:
+  explicit DeterministicKernels(bool on) : on_(on) {
+    if (!on_) return;
+    prev_ = at::globalContext().deterministicAlgorithms();
+    prev_warn_only_ = at::globalContext().deterministicAlgorithmsWarnOnly();
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~DeterministicKernels() {
+    if (on_) at::globalContext().setDeterministicAlgorithms(prev_, prev_warn_only_);
+  }
+  DeterministicKernels(const DeterministicKernels&) = delete;
+  DeterministicKernels& operator=(const DeterministicKernels&) = delete;
+
+ private:
+  bool on_;
+  bool prev_ = false, prev_warn_only_ = false;
 };
 
 ModelConfig model_config_of(const TrainConfig& c) {
@@ -172,7 +197,13 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   TrainConfig c = config;
   if (c.lr == 0.0) c.lr = default_matrix_lr(c.algorithm);  // the hash sees the lr actually used
   const ModelConfig mcfg = model_config_of(c);
+  const DeterministicKernels deterministic(c.deterministic);
   const c10::Device device = pick_device(c.device);
+  TORCH_CHECK(!c.cuda_graph || device.is_cuda(), "cuda_graph: needs a CUDA device; device '", c.device,
+              "' resolved to ", device);
+  TORCH_CHECK(!c.cuda_graph || !std::getenv("WORLD_SIZE"),
+              "cuda_graph: not available in data-parallel runs (WORLD_SIZE is set): the distributed step's "
+              "collectives are not captured");
 
   // ---- data parallel (`--nproc N` or an external launcher setting WORLD_SIZE; docs/distributed.md):
   // every rank holds the model, trains on its own micro-batches; rank 0 ("lead") alone writes
@@ -302,6 +333,10 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     if (lead) write_file_atomically(metrics_path, "");
     if (c.resume) log << "no valid checkpoint in " << c.run_dir << ": starting from step 0\n";
   }
+  // `cuda_graph`: eager warm-up steps, then one capture, then replays (docs/cuda_graph.md). Made
+  // after a resume's load(), which replaces the state tensors a graph would have baked in.
+  std::unique_ptr<CudaGraphOptimizer> graph;
+  if (c.cuda_graph) graph = std::make_unique<CudaGraphOptimizer>(*single);
   std::ofstream metrics(lead ? metrics_path : std::string("/dev/null"), std::ios::app);
   TORCH_CHECK(metrics, "cannot open ", metrics_path, " for appending");
 
@@ -310,7 +345,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   log << "model " << mcfg.preset << (mcfg.n_experts ? " (MoE)" : "") << ": " << result.n_params
       << " params; data " << data_path << " (" << corpus.train.numel() << " train / " << corpus.val.numel()
       << " val bytes); " << c.algorithm << " lr " << c.lr << ", " << c.steps << " steps of " << tokens_per_step
-      << " tokens on " << device << "\n";
+      << " tokens on " << device << (graph ? ", optimizer step as a CUDA graph" : "")
+      << (c.deterministic ? ", deterministic kernels" : "") << "\n";
 
   auto evaluate = [&]() {
     torch::NoGradGuard no_grad;
@@ -393,7 +429,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     const int64_t s = step + 1;  // 1-based number of the step being taken
     const auto t_step = Clock::now();
     if (distributed) distributed->zero_grad();
-    else single->zero_grad();
+    else single->zero_grad(/*set_to_none=*/!graph);  // a graph reads the same gradient buffers every replay
     at::Tensor loss_lm = at::zeros({}, at::TensorOptions().device(device));
     at::Tensor loss_total = at::zeros({}, at::TensorOptions().device(device));
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
@@ -441,7 +477,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
         single->set_skip_factor(apply);
         clip_grad_norm(params, c.clip, grad_norm);
         single->set_lr_scale(factor);
-        single->step();
+        if (graph) graph->step();
+        else single->step();
       }
       // MoE: the global batch's expert loads (exact: integer counts in fp32), so the router
       // biases, buffers that no optimizer touches, stay identical on every rank.

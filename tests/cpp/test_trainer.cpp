@@ -230,6 +230,20 @@ TEST(Trainer, ResumeIsBitExact) {
   EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
 }
 
+// `deterministic` (like `cuda_graph`) says how a step executes, not what it computes: it is not
+// in the config hash, so a run may be resumed with it toggled; on the CPU, torch's strict mode
+// runs every operation of the loop and changes no bit.
+TEST(Trainer, DeterministicIsAnExecutionOption) {
+  const auto dir = fresh_dir("deterministic");
+  auto r = run(train_args(dir, {"--stop-after", "6", "--deterministic", "true"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("deterministic kernels"), std::string::npos) << r.out;
+  r = run(train_args(dir, {"--resume"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_checkpoint(reference_run() / "step_12", dir / "step_12");
+  EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
+}
+
 TEST(Trainer, GradAccumulationAdvancesPerOptimizerStep) {
   const auto dir = fresh_dir("accum");
   auto r = run(train_args(dir, {"--grad-accum", "3", "--steps", "5", "--eval-every", "5"}));
@@ -368,7 +382,20 @@ TEST(Trainer, BadInputGivesClearErrorsAndWritesNothing) {
   expect_error(run(train_args(none, {"--algorithm", "sgd"})), "algorithm: unknown 'sgd'");
   expect_error(run(train_args(none, {"--schedule", "linear"})), "schedule");
   expect_error(run(train_args(none, {"--data", (scratch_root() / "nope.txt").string()})), "does not exist");
+  expect_error(run(train_args(none, {"--cuda-graph", "true", "--device", "cpu"})),
+               "cuda_graph: needs a CUDA device, but device is 'cpu'");
+  expect_error(run(train_args(none, {"--cuda-graph", "true", "--algorithm", "dion"})),
+               "cuda_graph: dion's step cannot be captured");
+  expect_error(run(train_args(none, {"--cuda-graph", "true", "--nproc", "2"})), "--cuda-graph: not available with --nproc");
+  if (!torch::cuda::is_available())  // device auto finds no GPU: refused before anything is written
+    expect_error(run(train_args(none, {"--cuda-graph", "true"})), "cuda_graph: needs a CUDA device; device 'auto' resolved to cpu");
   EXPECT_FALSE(fs::exists(none));
+  // compare checks every run's configuration before the first run starts.
+  const auto refused = fresh_dir("compare_refused");
+  expect_error(run({"compare", "--steps", "2", "--data", corpus_path(), "--algorithms", "adamw,dion", "--cuda-graph",
+                    "true", "--run-dir", refused.string(), "--no-plot"}),
+               "cuda_graph: dion's step cannot be captured");
+  EXPECT_FALSE(fs::exists(refused));
 
   // A run to resume from (checkpoint at step 4).
   const auto dir = fresh_dir("errors");

@@ -51,6 +51,8 @@ struct TrainConfig {
   double spike_sigma = 6.0;
   std::string device = "auto";   // auto | cpu | cuda
   bool bf16 = true;              // bf16 autocast on CUDA (ignored on CPU)
+  bool cuda_graph = false;       // replay the optimizer step as a CUDA graph (CUDA, one process; not dion)
+  bool deterministic = false;    // torch's deterministic kernels: bit-reproducible CUDA runs (slower)
   int64_t log_every = 10;        // plain log line interval when stdout is not a terminal
   std::string progress = "auto"; // auto (bar on a terminal) | on | off
 };
@@ -69,7 +71,7 @@ void validate(const TrainConfig& c);
 nlohmann::json read_config_file(const std::string& path);
 
 // Keys that may differ between a run and its resumption (paths, checkpoint cadence, fault
-// injection, logging): left out of the config hash. Everything else, including the total
+// injection, logging, how the step executes: cuda_graph, deterministic): left out of the config hash. Everything else, including the total
 // number of steps (the schedule depends on it) and the corpus' SHA-256 instead of its path, is in.
 const std::vector<std::string>& resume_volatile_keys();
 // SHA-256 of the canonical JSON (sorted keys, no spaces) of to_json(c) minus the volatile
