@@ -3,7 +3,11 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "core/torch_version.h"
 
 namespace orthopt::train {
 
@@ -35,11 +39,20 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
   const at::Tensor norm = total_norm.reshape({}).to(at::kFloat);
   if (max_norm <= 0.0) return at::ones_like(norm);
   const at::Tensor factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  for (const at::Tensor& p : params) {
-    at::Tensor g = p.grad();
-    if (!g.defined()) continue;
-    g.mul_(factor.to(g.device(), g.scalar_type()));
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+#if ORTHOPT_TORCH_AT_LEAST(2, 1)
+  // One multi-tensor launch per chunk of grads rather than one kernel per parameter: on a GPU
+  // the per-parameter loop was launch-bound.
+  if (!grads.empty() && std::all_of(grads.begin(), grads.end(), [&](const at::Tensor& g) {
+        return g.device() == grads[0].device() && g.scalar_type() == grads[0].scalar_type();
+      })) {
+    at::_foreach_mul_(grads, factor.to(grads[0].device(), grads[0].scalar_type()));
+    return factor;
   }
+#endif
+  for (at::Tensor& g : grads) g.mul_(factor.to(g.device(), g.scalar_type()));
   return factor;
 }
 

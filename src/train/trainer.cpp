@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -421,7 +422,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   };
 
   model->train();
-  double opt_seconds = 0.0, train_seconds = 0.0;
+  double train_seconds = 0.0;
+  std::vector<double> opt_ms;  // per optimizer call of this process
   int64_t steps_here = 0;
   const auto t_start = Clock::now();
   const auto nan = at::full({}, std::numeric_limits<float>::quiet_NaN());
@@ -486,7 +488,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
         for (at::Tensor& load : model->router_loads()) ctx->all_reduce_sum(load);
       model->update_router_biases(apply);
       sync_device(device);
-      opt_seconds += seconds_since(t_opt);
+      opt_ms.push_back(1e3 * seconds_since(t_opt));
+      line["opt_ms"] = opt_ms.back();
       if (apply.item<float>() == 0.0f) {
         ++result.skipped_spike;
         skipped = "spike";
@@ -538,7 +541,11 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   result.steps_done = step;
   result.stopped_early = step < c.steps;
   result.final_val_loss = result.evals.empty() ? std::nan("") : result.evals.back().val_loss;
-  result.optimizer_ms_per_step = steps_here ? 1e3 * opt_seconds / static_cast<double>(steps_here) : 0.0;
+  if (!opt_ms.empty()) {  // the median: a short run's mean is dominated by its first steps' one-time costs
+    std::sort(opt_ms.begin(), opt_ms.end());
+    const size_t n = opt_ms.size();
+    result.optimizer_ms_per_step = n % 2 ? opt_ms[n / 2] : 0.5 * (opt_ms[n / 2 - 1] + opt_ms[n / 2]);
+  }
   result.tokens_per_s = train_seconds > 0 ? static_cast<double>(steps_here * tokens_per_step) / train_seconds : 0.0;
   if (result.stopped_early) log << "stopped after step " << step << " (--stop-after); continue with --resume\n";
   log << "done: " << step << " steps, final val loss " << result.final_val_loss << " ("

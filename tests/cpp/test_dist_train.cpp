@@ -59,7 +59,7 @@ Run train(const fs::path& run_dir, const std::string& extra) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), read_file(log)};
 }
 
-// metrics.jsonl without the wall-clock fields.
+// metrics.jsonl without the timing fields.
 std::vector<json> metrics(const fs::path& run_dir) {
   std::vector<json> out;
   std::istringstream in(read_file(run_dir / "metrics.jsonl"));
@@ -68,6 +68,7 @@ std::vector<json> metrics(const fs::path& run_dir) {
     json j = json::parse(line);
     j.erase("time_s");
     j.erase("tokens_per_s");
+    j.erase("opt_ms");
     out.push_back(j);
   }
   return out;

@@ -117,7 +117,7 @@ std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::st
   return a;
 }
 
-// metrics.jsonl without the wall-clock fields (the only ones allowed to differ between runs).
+// metrics.jsonl without the timing fields (the only ones allowed to differ between runs).
 std::vector<std::string> deterministic_metrics(const fs::path& run_dir) {
   std::vector<std::string> lines;
   std::istringstream in(read_file(run_dir / "metrics.jsonl"));
@@ -125,6 +125,7 @@ std::vector<std::string> deterministic_metrics(const fs::path& run_dir) {
     auto j = json::parse(line);
     j.erase("time_s");
     j.erase("tokens_per_s");
+    j.erase("opt_ms");
     lines.push_back(j.dump());
   }
   return lines;

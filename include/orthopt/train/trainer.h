@@ -24,7 +24,10 @@ struct TrainResult {
   int64_t skipped_spike = 0;      // steps skipped by the spike guard
   double final_val_loss = 0.0;    // at the last evaluation (nan if none)
   std::vector<EvalPoint> evals;   // every evaluation of the run (resumed runs: from the start)
-  double optimizer_ms_per_step = 0.0;  // clip + optimizer.step() (this process only)
+  // clip + optimizer.step(), the median over this process's optimizer calls (not the mean: the
+  // first steps' one-time costs, e.g. CUDA module loading, state allocation and a graph
+  // capture, would dominate a short run's); every call's time is `opt_ms` in metrics.jsonl
+  double optimizer_ms_per_step = 0.0;
   double tokens_per_s = 0.0;           // training tokens / training wall time (this process only)
   bool stopped_early = false;          // stop_after reached
 };
