@@ -13,6 +13,7 @@ namespace orthopt::train {
 
 at::Tensor global_grad_norm(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> squares;
+  std::vector<at::Tensor> cuda_fp32;  // reduced together, below
   c10::optional<c10::Device> device;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = params[i].grad();
@@ -21,9 +22,20 @@ at::Tensor global_grad_norm(const std::vector<at::Tensor>& params) {
                 "global_grad_norm: all grads must be on one device; param ", i, " has its grad on ",
                 g.device(), ", earlier ones on ", *device);
     device = g.device();
+#if ORTHOPT_TORCH_AT_LEAST(2, 1)
+    if (g.is_cuda() && g.scalar_type() == at::kFloat) {
+      cuda_fp32.push_back(g);
+      continue;
+    }
+#endif
     // ‖g‖² accumulated in fp32 (bf16/fp16 grads upcast inside the reduction).
     squares.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).square());
   }
+#if ORTHOPT_TORCH_AT_LEAST(2, 1)
+  // fp32 grads on a GPU: one multi-tensor norm launch per chunk instead of one reduction per
+  // parameter (the per-parameter loop was launch-bound); fp32 in, fp32 accumulation, fp32 out.
+  if (!cuda_fp32.empty()) squares.push_back(at::stack(at::_foreach_norm(cuda_fp32, 2)).square().sum());
+#endif
   if (squares.empty()) {
     const c10::Device dev = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
     return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));

@@ -255,22 +255,28 @@ TEST(NonFiniteFirewall, CountsConsecutiveAndAborts) {
   EXPECT_THROW(NonFiniteFirewall(0), c10::Error);
 }
 
-TEST(GradClip, NormAndClipMatchFloat64Reference) {
+// On `device`. On CUDA with torch >= 2.1, fp32 grads take the multi-tensor norm (and, when all
+// grads are fp32, the multi-tensor scale), a bf16 grad the per-parameter path: with_bf16 picks.
+static void check_norm_and_clip_against_float64(c10::Device device, bool with_bf16) {
   torch::manual_seed(3);
-  // The last parameter is bf16 (its grad is upcast inside the norm); param 3 has no grad.
+  // The last parameter is bf16 if with_bf16 (its grad is upcast inside the norm); param 3 has no
+  // grad. A non-contiguous grad (param 2, transposed) is read as it lies.
   std::vector<at::Tensor> params = {torch::randn({7, 5}), torch::randn({13}), torch::randn({3, 4, 2}),
-                                    torch::randn({6}), torch::randn({4, 4}).to(at::kBFloat16)};
+                                    torch::randn({6}), torch::randn({4, 4}).to(with_bf16 ? at::kBFloat16 : at::kFloat)};
   for (size_t i = 0; i < params.size(); ++i) {
+    params[i] = params[i].to(device);
     params[i].set_requires_grad(true);
     if (i == 3) continue;
-    params[i].mutable_grad() = (torch::randn(params[i].sizes()) * (0.5 + i)).to(params[i].scalar_type());
+    at::Tensor g = (torch::randn(params[i].sizes()) * (0.5 + i)).to(params[i].scalar_type()).to(device);
+    if (i == 2) g = (torch::randn({3, 2, 4}) * (0.5 + i)).to(device).transpose(1, 2);
+    params[i].mutable_grad() = g;
   }
 
   auto reference_norm = [&] {
     double ss = 0;
     for (const auto& p : params) {
       if (!p.grad().defined()) continue;
-      const at::Tensor g = p.grad().to(at::kDouble).contiguous();
+      const at::Tensor g = p.grad().to(at::kCPU, at::kDouble).contiguous();
       const double* d = g.data_ptr<double>();
       for (int64_t k = 0; k < g.numel(); ++k) ss += d[k] * d[k];
     }
@@ -312,6 +318,17 @@ TEST(GradClip, NormAndClipMatchFloat64Reference) {
   EXPECT_NEAR(orthopt::train::global_grad_norm(params).item<double>(), max_norm, 5e-3 * max_norm);
 
   // No grads at all: zero norm.
-  std::vector<at::Tensor> none = {torch::randn({3})};
+  std::vector<at::Tensor> none = {torch::randn({3}).to(device)};
   EXPECT_EQ(orthopt::train::global_grad_norm(none).item<float>(), 0.0f);
+}
+
+TEST(GradClip, NormAndClipMatchFloat64Reference) {
+  check_norm_and_clip_against_float64(c10::kCPU, /*with_bf16=*/true);
+  check_norm_and_clip_against_float64(c10::kCPU, /*with_bf16=*/false);
+}
+
+TEST(GradClip, NormAndClipMatchFloat64ReferenceOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_norm_and_clip_against_float64(c10::Device(c10::kCUDA, 0), /*with_bf16=*/true);
+  check_norm_and_clip_against_float64(c10::Device(c10::kCUDA, 0), /*with_bf16=*/false);
 }
