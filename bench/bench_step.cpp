@@ -38,6 +38,7 @@ struct StepArgs {
   bool peer = true;
   bool graph = true;
   std::optional<double> gram_aspect_threshold;  // unset: the optimizers' default
+  std::vector<std::string> dion_qr = {"householder"};  // dion: one row per orthonormalization
   std::string json;
 };
 
@@ -163,7 +164,11 @@ int run_step(const StepArgs& a) {
                     {"gpu_clock", sample_clocks ? clocks.to_json() : nlohmann::json()}});
   };
   for (const auto& set : a.sets) {
-    for (const auto& alg : a.algorithms) {
+    // One configuration per algorithm, dion once per --dion-qr method.
+    std::vector<std::pair<std::string, std::string>> configs;
+    for (const auto& alg : a.algorithms)
+      for (const auto& qr : alg == "dion" ? a.dion_qr : std::vector<std::string>{""}) configs.emplace_back(alg, qr);
+    for (const auto& [alg, qr] : configs) {
 #ifdef ORTHOPT_WITH_CUDA
       // The previous configuration's memory sits in the caching allocator; a graph capture
       // allocates from a private pool that cannot reuse it (Llama: out of memory without this).
@@ -172,11 +177,12 @@ int run_step(const StepArgs& a) {
       RoutingOptions routing;
       routing.matrix.algorithm = parse_algorithm(alg);
       if (a.gram_aspect_threshold) routing.matrix.ortho.gram_aspect_threshold = *a.gram_aspect_threshold;
+      if (!qr.empty()) routing.matrix.dion_qr = parse_dion_qr(qr);
       Named named = param_set(set, device);
       Optimizer opt(route_params(named, routing));
       const std::string ours =
-          "orthopt " + alg + (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") +
-          " + AdamW";
+          "orthopt " + alg + (qr.empty() ? "" : " (" + qr + " QR)") +
+          (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") + " + AdamW";
       std::vector<std::string> names = {ours};
       std::vector<std::function<void()>> steps = {[&] { opt.step(); }};
       int warmup = a.warmup;
@@ -187,7 +193,8 @@ int run_step(const StepArgs& a) {
       Named graph_named;
       std::unique_ptr<Optimizer> graph_opt;
       std::unique_ptr<CudaGraphOptimizer> graph;
-      if (device.is_cuda() && a.graph) {
+      // Dion is not captured (CudaGraphOptimizer refuses it: docs/cuda_graph.md).
+      if (device.is_cuda() && a.graph && alg != "dion") {
         graph_named = param_set(set, device);
         graph_opt = std::make_unique<Optimizer>(route_params(graph_named, routing));
         graph = std::make_unique<CudaGraphOptimizer>(*graph_opt, /*warmup_steps=*/2);
@@ -242,6 +249,8 @@ void register_bench_step(CLI::App& bench, Action& action) {
       ->delimiter(',')->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
   step->add_option("--warmup", args->warmup, "warm-up steps")->check(CLI::Range(0, 1000));
   step->add_option("--repeats", args->repeats, "timed steps (median reported)")->check(CLI::Range(1, 100000));
+  step->add_option("--dion-qr", args->dion_qr, "dion's orthonormalizations timed: householder, cholesky")
+      ->delimiter(',')->check(CLI::IsMember({"householder", "cholesky"}));
   step->add_flag("!--no-peer", args->peer, "skip the torch-native peers");
   step->add_flag("!--no-graph", args->graph, "on CUDA, skip timing the CUDA-graph replay of our step");
   step->add_option("--gram-aspect-threshold", args->gram_aspect_threshold,

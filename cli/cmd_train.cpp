@@ -49,6 +49,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {"scalar_lr", Kind::Double, "peak AdamW lr of embeddings, head and norms"},
       {"weight_decay", Kind::Double, "weight decay of the matrix group"},
       {"momentum", Kind::Double, "momentum of the matrix optimizers"},
+      {"dion_qr", Kind::String, "dion's orthonormalization of P: householder (fp32 QR) or cholesky (fp64 Cholesky QR2, "
+                                "Householder where it fails)"},
       {"schedule", Kind::String, "lr schedule: wsd, cosine, constant"},
       {"warmup_frac", Kind::Double, "warmup fraction of the steps"},
       {"stable_frac", Kind::Double, "wsd: stable fraction"},

@@ -21,6 +21,13 @@ namespace orthopt {
 enum class Algorithm { Muon, NorMuon, Dion3, Dion, AdamW, Lion };
 enum class MomentumStyle { Accumulate, Ema };                 // M <- μM + G  |  M <- μM + (1-μ)G
 enum class LrAdjust { SpectralNorm, Jordan, RmsNorm, None };  // algorithms.md §2
+// How Dion orthonormalizes P = M·Q (algorithms.md §6). Householder: the fp32 QR of the contract
+// (LAPACK / cuSOLVER), the default. Cholesky: Cholesky QR2 in fp64 (G = PᵀP, P·R⁻¹ twice), a few
+// batched products instead of a column-sequential factorization; a matrix whose Cholesky fails
+// (rank-deficient or non-finite P) takes the Householder QR instead, decided once per group
+// step (one host synchronization). The same column space and, for full-rank P, the same Q up to
+// column signs, which leave Dion's update unchanged (P·Qᵀ and P·Rᵀ are sign-invariant).
+enum class DionQr { Householder, Cholesky };
 
 const char* to_string(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);  // muon | normuon | dion3 | dion | adamw | lion
@@ -28,6 +35,8 @@ const char* to_string(LrAdjust a);
 LrAdjust parse_lr_adjust(const std::string& s);   // spectral_norm | jordan | rms_norm | none
                                                   // (torch's names original | match_rms_adamw too)
 const char* to_string(MomentumStyle m);
+const char* to_string(DionQr q);
+DionQr parse_dion_qr(const std::string& s);       // householder | cholesky
 MomentumStyle parse_momentum_style(const std::string& s);  // accumulate | ema
 bool is_matrix_algorithm(Algorithm a);            // muon, normuon, dion3, dion
 
@@ -49,6 +58,7 @@ struct GroupOptions {
   double fraction = 0.25;      // Dion3 row fraction f
   bool scale_lr_by_fraction = false;  // Dion3: lr / sqrt(f)
   double rank_fraction = 0.25; // Dion
+  DionQr dion_qr = DionQr::Householder;  // Dion's orthonormalization of P
   // scalar optimizers (AdamW, Lion)
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -41,6 +41,7 @@ _BASE_DEFAULTS = dict(
     fraction=0.25,
     scale_lr_by_fraction=False,
     rank_fraction=0.25,
+    dion_qr="householder",
     betas=(0.9, 0.95),
     eps=1e-8,
     master_weights=False,

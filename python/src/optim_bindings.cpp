@@ -17,7 +17,7 @@ const std::vector<std::string>& option_keys() {
       "algorithm", "lr", "weight_decay", "cautious_weight_decay", "momentum", "momentum_style", "nesterov",
       "lr_adjust", "schedule", "ns_steps", "method", "compute_dtype", "split_sizes", "flatten", "gram_restarts",
       "gram_aspect_threshold", "ns_safety", "ns_eps", "normuon_beta2", "normuon_eps", "fraction", "scale_lr_by_fraction",
-      "rank_fraction", "betas", "eps", "master_weights"};
+      "rank_fraction", "dion_qr", "betas", "eps", "master_weights"};
   return keys;
 }
 
@@ -70,6 +70,7 @@ GroupOptions options_from_dict(const py::dict& d) {
   read(d, "fraction", o.fraction);
   read(d, "scale_lr_by_fraction", o.scale_lr_by_fraction);
   read(d, "rank_fraction", o.rank_fraction);
+  if (d.contains("dion_qr") && !d["dion_qr"].is_none()) o.dion_qr = orthopt::parse_dion_qr(d["dion_qr"].cast<std::string>());
   if (d.contains("betas")) {
     auto b = d["betas"].cast<std::vector<double>>();
     TORCH_CHECK(b.size() == 2, "option 'betas': expected (beta1, beta2), got ", b.size(), " values");

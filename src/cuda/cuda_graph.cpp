@@ -70,6 +70,7 @@ const char* first_difference(const GroupOptions& a, const GroupOptions& b) {
   if (a.fraction != b.fraction) return "fraction";
   if (a.scale_lr_by_fraction != b.scale_lr_by_fraction) return "scale_lr_by_fraction";
   if (a.rank_fraction != b.rank_fraction) return "rank_fraction";
+  if (a.dion_qr != b.dion_qr) return "dion_qr";
   if (a.beta1 != b.beta1) return "beta1";
   if (a.beta2 != b.beta2) return "beta2";
   if (a.eps != b.eps) return "eps";

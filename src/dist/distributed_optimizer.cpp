@@ -60,6 +60,7 @@ std::string describe_config(const std::vector<ParamGroup>& groups, int world) {
        << " ms=" << static_cast<int>(o.momentum_style) << " nest=" << o.nesterov
        << " adj=" << to_string(o.lr_adjust) << " nb2=" << o.normuon_beta2 << " neps=" << o.normuon_eps
        << " f=" << o.fraction << " slf=" << o.scale_lr_by_fraction << " rf=" << o.rank_fraction
+       << " dqr=" << to_string(o.dion_qr)
        << " b1=" << o.beta1 << " b2=" << o.beta2 << " eps=" << o.eps << " mw=" << o.master_weights
        << " ns=" << t.schedule << "/" << t.steps << "/" << to_string(t.method) << "/"
        << (t.compute_dtype ? static_cast<int>(*t.compute_dtype) : -1) << "/" << t.gram_aspect_threshold

@@ -96,6 +96,14 @@ MomentumStyle parse_momentum_style(const std::string& s) {
   TORCH_CHECK(false, "argument 'momentum_style': unknown style '", s, "' (known: accumulate, ema)");
 }
 
+const char* to_string(DionQr q) { return q == DionQr::Cholesky ? "cholesky" : "householder"; }
+
+DionQr parse_dion_qr(const std::string& s) {
+  if (s == "householder") return DionQr::Householder;
+  if (s == "cholesky") return DionQr::Cholesky;
+  TORCH_CHECK(false, "argument 'dion_qr': unknown method '", s, "' (known: householder, cholesky)");
+}
+
 bool is_matrix_algorithm(Algorithm a) {
   return a == Algorithm::Muon || a == Algorithm::NorMuon || a == Algorithm::Dion3 || a == Algorithm::Dion;
 }
@@ -833,12 +841,35 @@ class OptimizerImpl {
   // ---- Dion (§6)
   void step_dion(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
-    for (size_t i : active(g)) {
+    const auto idx = active(g);
+    auto momentum_of = [&](size_t i) {
+      const auto& p = groups[g].params[i];
+      return (state_of(g, i).at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(matrix_sizes(p, o));
+    };
+    // The orthonormalized P of every active parameter. Cholesky: all of them first, then one
+    // host synchronization reads which Cholesky factorizations failed; those take the
+    // Householder QR (a per-matrix fallback would synchronize once per parameter).
+    std::vector<at::Tensor> P(idx.size());
+    if (o.dion_qr == DionQr::Cholesky) {
+      std::vector<at::Tensor> raw(idx.size()), ok(idx.size());
+      for (size_t j = 0; j < idx.size(); ++j) {
+        raw[j] = optim_detail::dion_power(momentum_of(idx[j]), state_of(g, idx[j]).at("Q"));
+        auto q = optim_detail::cholesky_qr2_q(raw[j]);
+        P[j] = q.Q;
+        ok[j] = q.ok;
+      }
+      const at::Tensor ok_host = idx.empty() ? at::Tensor() : at::stack(ok).to(at::kCPU);  // the one sync
+      for (size_t j = 0; j < idx.size(); ++j)
+        if (!ok_host[j].item<bool>()) P[j] = optim_detail::householder_q(raw[j]);
+    }
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
       auto& st = state_of(g, i);
       const auto& p = groups[g].params[i];
       const auto msz = matrix_sizes(p, o);
-      at::Tensor M = (st.at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(msz);
-      auto r = optim_detail::dion_step(M, st.at("Q"), o.momentum, o.eps);
+      const at::Tensor M = momentum_of(i);
+      auto r = P[j].defined() ? optim_detail::dion_finish(M, P[j], o.momentum, o.eps)
+                              : optim_detail::dion_step(M, st.at("Q"), o.momentum, o.eps);
       commit(st.at("momentum"), r.momentum.reshape(p.sizes()));
       commit(st.at("Q"), r.Q);
       at::Tensor W = weights(g, i);

@@ -158,16 +158,41 @@ int64_t dion_rank(double rank_fraction, int64_t rows, int64_t cols) {
       1, static_cast<int64_t>(std::ceil(rank_fraction * static_cast<double>(std::min(rows, cols)))));
 }
 
-DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double eps) {
+at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q) { return at::matmul(M.to(at::kFloat), Q); }
+
+DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps) {
   DionResult r;
   const at::Tensor M32 = M.to(at::kFloat);
-  at::Tensor P = at::matmul(M32, Q);                          // [..., m, r]
-  P = std::get<0>(at::linalg_qr(P, "reduced"));               // orthonormal columns (fp32 QR)
   at::Tensor R = at::matmul(M32.transpose(-2, -1), P);        // [..., n, r]
   r.momentum = (M32 - at::matmul(P, R.transpose(-2, -1)) * (1.0 - mu)).to(M.scalar_type());
   r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
   r.direction = at::matmul(P, r.Q.transpose(-2, -1));
   return r;
+}
+
+at::Tensor householder_q(const at::Tensor& P) { return std::get<0>(at::linalg_qr(P, "reduced")); }
+
+CholeskyQ cholesky_qr2_q(const at::Tensor& P) {
+  // fp64 so that the Gram matrix's condition number, cond(P)², stays far from 1/ε for any P
+  // an fp32 P can represent (cond ≲ 1e7); the second pass restores orthogonality lost in the
+  // first. Each pass is one batched product, one batched Cholesky and one triangular solve.
+  at::Tensor X = P.to(at::kDouble);
+  at::Tensor ok = at::ones({}, P.options().dtype(at::kBool));
+  for (int pass = 0; pass < 2; ++pass) {
+    const at::Tensor G = at::matmul(X.transpose(-2, -1), X);  // [..., r, r]
+    auto [L, info] = at::linalg_cholesky_ex(G, /*upper=*/false, /*check_errors=*/false);
+    ok = ok.logical_and((info == 0).all());
+    // X·L⁻ᵀ: solve Y·Lᵀ = X (Lᵀ upper triangular, from the right).
+    X = at::linalg_solve_triangular(L.transpose(-2, -1), X, /*upper=*/true, /*left=*/false);
+  }
+  CholeskyQ q;
+  q.Q = X.to(at::kFloat);
+  q.ok = ok.logical_and(at::isfinite(q.Q).all());
+  return q;
+}
+
+DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double eps) {
+  return dion_finish(M, householder_q(dion_power(M, Q)), mu, eps);  // orthonormal columns (fp32 QR)
 }
 
 }  // namespace orthopt::optim_detail

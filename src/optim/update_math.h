@@ -89,6 +89,19 @@ struct DionResult {
   at::Tensor momentum, Q, direction;  // direction = P·Qᵀ, [..., m, n]
 };
 int64_t dion_rank(double rank_fraction, int64_t rows, int64_t cols);  // ceil(f·min(m, n)), >= 1
+// The whole step with the Householder QR (DionQr::Householder).
 DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double eps);
+// The step in its parts, for DionQr::Cholesky: P = M·Q (fp32), orthonormalized P -> result.
+at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q);
+DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
+// Q of the fp32 QR of P [..., m, r] (Householder: LAPACK on the CPU, cuSOLVER on a GPU).
+at::Tensor householder_q(const at::Tensor& P);
+// Cholesky QR2 of P [..., m, r] (fp32), computed in fp64: twice R = chol(XᵀX)ᵀ, X ← X·R⁻¹.
+// `ok` (0-d bool, P's device, no host synchronization) is false when any matrix's Cholesky
+// failed or Q is not finite; then the caller takes householder_q(P) for this P.
+struct CholeskyQ {
+  at::Tensor Q, ok;  // Q fp32, R of each pass with a positive diagonal
+};
+CholeskyQ cholesky_qr2_q(const at::Tensor& P);
 
 }  // namespace orthopt::optim_detail

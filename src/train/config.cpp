@@ -34,6 +34,7 @@ json to_json(const TrainConfig& c) {
       {"data", c.data}, {"val_fraction", c.val_fraction},
       {"algorithm", c.algorithm}, {"lr", c.lr}, {"scalar_lr", c.scalar_lr},
       {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
+      {"dion_qr", c.dion_qr},
       {"schedule", c.schedule.kind}, {"warmup_frac", c.schedule.warmup_frac},
       {"stable_frac", c.schedule.stable_frac}, {"decay_frac", c.schedule.decay_frac},
       {"min_lr_ratio", c.schedule.min_lr_ratio}, {"decay_shape", c.schedule.decay_shape},
@@ -95,6 +96,7 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "scalar_lr", c.scalar_lr, seen);
   read_key(j, "weight_decay", c.weight_decay, seen);
   read_key(j, "momentum", c.momentum, seen);
+  read_key(j, "dion_qr", c.dion_qr, seen);
   read_key(j, "schedule", c.schedule.kind, seen);
   read_key(j, "warmup_frac", c.schedule.warmup_frac, seen);
   read_key(j, "stable_frac", c.schedule.stable_frac, seen);
@@ -151,6 +153,8 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.scalar_lr > 0.0 && c.scalar_lr <= 10.0, "scalar_lr: must be in (0, 10], got ", c.scalar_lr);
   TORCH_CHECK(c.weight_decay >= 0.0 && c.weight_decay < 1.0, "weight_decay: must be in [0, 1), got ", c.weight_decay);
   TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum: must be in [0, 1), got ", c.momentum);
+  TORCH_CHECK(c.dion_qr == "householder" || c.dion_qr == "cholesky",
+              "dion_qr: must be householder or cholesky, got '", c.dion_qr, "'");
   try {
     orthopt::train::validate(c.schedule);
   } catch (const c10::Error& e) {
@@ -205,6 +209,9 @@ const std::vector<std::string>& resume_volatile_keys() {
 std::string config_sha256(const TrainConfig& c, const std::string& data_sha256) {
   json j = to_json(c);
   for (const auto& k : resume_volatile_keys()) j.erase(k);
+  // Added later: hashed only when set to something else than what runs before it computed, so
+  // their checkpoints still resume.
+  if (c.dion_qr == "householder") j.erase("dion_qr");
   j["data_sha256"] = data_sha256;
   return sha256_hex(j.dump());  // nlohmann's object keys are sorted: canonical
 }

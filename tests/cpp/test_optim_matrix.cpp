@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "optim/update_math.h"  // optim_detail::normuon_normalize (internal)
 #include "orthopt/optim.h"
@@ -347,8 +348,11 @@ TEST(OptimDion3, RankFormula) {
 
 // ---------------------------------------------------------------- Dion
 
-TEST(OptimDion, MatchesReference) {
+// Both orthonormalizations against the same float64 reference (Householder QR): for full-rank P
+// the Cholesky QR2 Q differs only in column signs, which leave P·Qᵀ unchanged.
+void check_dion_matches_reference(orthopt::DionQr qr) {
   auto o = matrix_options(Algorithm::Dion);
+  o.dion_qr = qr;
   o.rank_fraction = 0.5;
   // The random initial Q is set through load_param_states so the reference knows it.
   auto init = [&](Optimizer& opt, std::vector<RefParam>& refs) {
@@ -381,9 +385,113 @@ TEST(OptimDion, MatchesReference) {
   };
   // Dion computes in fp32 throughout (QR included): no NS amplification, same bound.
   const double one = compare(o, 1, step, kShapes, init), ten = compare(o, 10, step, kShapes, init);
-  std::cout << "dion: rel err 1 step " << one << ", 10 steps " << ten << "\n";
+  std::cout << "dion " << orthopt::to_string(qr) << ": rel err 1 step " << one << ", 10 steps " << ten << "\n";
   EXPECT_LT(one, kTol);
   EXPECT_LT(ten, kTol);
+}
+
+TEST(OptimDion, MatchesReference) { check_dion_matches_reference(orthopt::DionQr::Householder); }
+TEST(OptimDion, CholeskyQrMatchesReference) { check_dion_matches_reference(orthopt::DionQr::Cholesky); }
+
+// A plain float64 QR for the test: modified Gram–Schmidt, each column twice ("twice is enough"),
+// R with a positive diagonal (the convention of a Cholesky QR).
+at::Tensor mgs2_q(const at::Tensor& P) {
+  at::Tensor A = P.to(at::kDouble).contiguous().clone();
+  const int64_t m = A.size(0), r = A.size(1);
+  auto a = A.accessor<double, 2>();
+  for (int64_t j = 0; j < r; ++j) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t k = 0; k < j; ++k) {
+        double d = 0;
+        for (int64_t i = 0; i < m; ++i) d += a[i][k] * a[i][j];
+        for (int64_t i = 0; i < m; ++i) a[i][j] -= d * a[i][k];
+      }
+    double n = 0;
+    for (int64_t i = 0; i < m; ++i) n += a[i][j] * a[i][j];
+    n = std::sqrt(n);
+    for (int64_t i = 0; i < m; ++i) a[i][j] /= n;
+  }
+  return A;
+}
+
+// Random m×r matrix with singular values spread log-uniformly over [1/cond, 1].
+at::Tensor with_condition(int64_t m, int64_t r, double cond, at::Generator& gen) {
+  const at::Tensor U = std::get<0>(at::linalg_qr(at::randn({m, r}, gen, at::kDouble)));
+  const at::Tensor V = std::get<0>(at::linalg_qr(at::randn({r, r}, gen, at::kDouble)));
+  const at::Tensor s = at::pow(cond, -at::linspace(0, 1, r, at::kDouble));
+  return at::matmul(U * s, V.t()).to(at::kFloat);
+}
+
+TEST(OptimDion, CholeskyQr2MatchesFloat64Qr) {
+  using orthopt::optim_detail::cholesky_qr2_q;
+  auto gen = at::detail::createCPUGenerator(91);
+  for (double cond : {1.0, 1e2, 1e4, 1e6}) {
+    // A batch of three tall matrices, as a Dion bank passes them.
+    at::Tensor P = at::stack({with_condition(200, 24, cond, gen), with_condition(200, 24, cond, gen),
+                              with_condition(200, 24, cond, gen)});
+    const auto q = cholesky_qr2_q(P);
+    ASSERT_TRUE(q.ok.item<bool>()) << "cond " << cond;
+    ASSERT_EQ(q.Q.scalar_type(), at::kFloat);
+    ASSERT_EQ(q.Q.sizes(), P.sizes());
+    double worst_q = 0, worst_orth = 0;
+    for (int64_t b = 0; b < 3; ++b) {
+      const at::Tensor Q = q.Q[b].to(at::kDouble);
+      worst_q = std::max(worst_q, (Q - mgs2_q(P[b])).abs().max().item<double>());
+      worst_orth = std::max(worst_orth, (at::matmul(Q.t(), Q) - at::eye(24, at::kDouble)).abs().max().item<double>());
+    }
+    std::cout << "cholesky qr2 cond " << cond << ": max |Q - Q_ref| " << worst_q << ", max |QtQ - I| " << worst_orth
+              << "\n";
+    // Q is rounded to fp32 (entries <= 1: half an ulp 6e-8) after an fp64 computation whose error
+    // grows like cond·1e-16 (<= 1e-9 here); the reference sees the same fp32 P. A few ulps of
+    // slack: 1e-7 for Q, 2e-7 for QᵀQ − I (sums of 200 products of rounded entries).
+    EXPECT_LT(worst_q, 1e-7) << "cond " << cond;
+    EXPECT_LT(worst_orth, 2e-7) << "cond " << cond;
+  }
+}
+
+TEST(OptimDion, CholeskyQr2ReportsFailure) {
+  using orthopt::optim_detail::cholesky_qr2_q;
+  auto gen = at::detail::createCPUGenerator(92);
+  at::Tensor good = with_condition(50, 8, 10.0, gen);
+  at::Tensor zero_col = good.clone();
+  zero_col.select(1, 3).zero_();
+  at::Tensor nan_entry = good.clone();
+  nan_entry[7][2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(cholesky_qr2_q(good).ok.item<bool>());
+  EXPECT_FALSE(cholesky_qr2_q(zero_col).ok.item<bool>());
+  EXPECT_FALSE(cholesky_qr2_q(nan_entry).ok.item<bool>());
+  // One bad matrix in a batch fails the batch (the caller falls back for that parameter).
+  EXPECT_FALSE(cholesky_qr2_q(at::stack({good, zero_col})).ok.item<bool>());
+}
+
+// A parameter whose P is rank-deficient (a zero column in its Q) takes the Householder QR:
+// bit-identical to the Householder optimizer; the other parameter of the same group keeps the
+// Cholesky QR (close to, not equal to, Householder's).
+TEST(OptimDion, CholeskyQrFallsBackPerParameter) {
+  auto gen = at::detail::createCPUGenerator(93);
+  std::vector<at::Tensor> W0 = {randn({12, 10}, gen, at::kFloat), randn({9, 14}, gen, at::kFloat)};
+  std::vector<at::Tensor> Q0 = {randn({10, 5}, gen, at::kFloat), randn({14, 5}, gen, at::kFloat)};
+  Q0[0].select(1, 2).zero_();
+  std::vector<at::Tensor> G = {randn({12, 10}, gen, at::kFloat), randn({9, 14}, gen, at::kFloat)};
+  std::vector<at::Tensor> after[2];
+  for (int k = 0; k < 2; ++k) {
+    ParamGroup g;
+    g.options = matrix_options(Algorithm::Dion);
+    g.options.rank_fraction = 0.5;
+    g.options.dion_qr = k == 0 ? orthopt::DionQr::Householder : orthopt::DionQr::Cholesky;
+    for (int i = 0; i < 2; ++i) g.params.push_back(W0[i].clone().requires_grad_(true));
+    Optimizer opt({g});
+    opt.load_param_states({{{{"momentum", at::zeros_like(W0[0])}, {"Q", Q0[0]}},
+                            {{"momentum", at::zeros_like(W0[1])}, {"Q", Q0[1]}}}});
+    for (int i = 0; i < 2; ++i) g.params[i].mutable_grad() = G[i];
+    opt.step();
+    for (int i = 0; i < 2; ++i) after[k].push_back(g.params[i].detach().clone());
+    EXPECT_TRUE(at::isfinite(after[k][0]).all().item<bool>());
+  }
+  EXPECT_TRUE(at::equal(after[0][0], after[1][0])) << "the rank-deficient parameter fell back to Householder";
+  EXPECT_FALSE(at::equal(after[0][1], after[1][1])) << "the healthy parameter kept the Cholesky QR";
+  const double rel = ((after[1][1] - after[0][1]).norm() / (after[0][1] - W0[1]).norm()).item<double>();
+  EXPECT_LT(rel, 1e-5) << "and agrees with Householder's update to fp32 precision";
 }
 
 // ---------------------------------------------------------------- Lion

@@ -50,6 +50,17 @@ def test_matrix_step_fp32_matches_cpu(algorithm, steps, capsys):
     assert err < 1e-4
 
 
+@pytest.mark.parametrize("steps", [1, 5])
+def test_dion_cholesky_qr_gpu_matches_cpu_householder(steps, capsys):
+    """Dion's Cholesky QR2 (fp64, cuSOLVER/cuBLAS) on the GPU against the CPU's Householder QR:
+    the same updates to fp32 precision (column signs of Q do not reach P·Qᵀ); same bound."""
+    gpu = run("cuda", "dion", steps, dion_qr="cholesky")
+    err = worst(gpu, run("cpu", "dion", steps))
+    with capsys.disabled():
+        print(f"\ndion cholesky QR on the GPU vs CPU householder, {steps} step(s): rel diff {err:.2e}")
+    assert err < 1e-4
+
+
 @pytest.mark.parametrize("algorithm", ["muon", "normuon", "dion3"])
 def test_matrix_step_default_gpu_dtype_within_bf16_noise(algorithm, capsys):
     err = worst(run("cuda", algorithm, 5), run("cpu", algorithm, 5))

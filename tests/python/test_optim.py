@@ -274,6 +274,23 @@ def test_gram_aspect_threshold_is_a_group_option():
         orthopt.Muon(make_params([(8, 8)]), gram_aspect_threshold=0.5)
 
 
+def test_dion_cholesky_qr_option():
+    """dion_qr="cholesky" gives Householder's updates to fp32 precision (the Q differ only in
+    column signs, which P·Qᵀ does not see); an unknown method is refused by name."""
+    shapes = [(40, 24), (24, 40), (3, 12, 20)]
+    a = make_params(shapes, seed=5, dtype=torch.float32)
+    b = [p.detach().clone().requires_grad_() for p in a]
+    _run(lambda ps: orthopt.Dion(ps, lr=0.02), a, 5)
+    opt = _run(lambda ps: orthopt.Dion(ps, lr=0.02, dion_qr="cholesky"), b, 5)
+    assert opt.param_groups[0]["dion_qr"] == "cholesky"
+    w0 = make_params(shapes, seed=5, dtype=torch.float32)
+    for p, q, w in zip(a, b, w0):
+        assert not torch.equal(p, q)
+        assert rel(q - w, p - w) < 1e-5
+    with pytest.raises(RuntimeError, match="'dion_qr'"):
+        orthopt.Dion(make_params([(8, 8)]), dion_qr="givens")
+
+
 def test_bad_input_errors():
     with pytest.raises(RuntimeError, match="'algorithm'"):
         orthopt.Muon(make_params([(8,)]))

@@ -30,6 +30,7 @@ struct TrainConfig {
   double scalar_lr = 3e-3;       // AdamW lr of embeddings, head, norms (and of the routers)
   double weight_decay = 0.01;    // matrix group
   double momentum = 0.95;        // matrix optimizers' μ
+  std::string dion_qr = "householder";  // dion's orthonormalization: householder | cholesky
   // schedule and steps (every counter is in optimizer steps)
   LrSchedule schedule;           // keys: schedule, warmup_frac, stable_frac, decay_frac, min_lr_ratio, decay_shape
   int64_t steps = 600;
