@@ -394,6 +394,8 @@ TEST(Trainer, BadInputGivesClearErrorsAndWritesNothing) {
   expect_error(run(train_args(none, {"--lr", "-1"})), "lr: must be in [0, 10]");
   expect_error(run(train_args(none, {"--algorithm", "sgd"})), "algorithm: unknown 'sgd'");
   expect_error(run(train_args(none, {"--schedule", "linear"})), "schedule");
+  expect_error(run(train_args(none, {"--algorithm", "dion", "--dion-qr", "givens"})),
+               "dion_qr: must be householder or cholesky, got 'givens'");
   expect_error(run(train_args(none, {"--data", (scratch_root() / "nope.txt").string()})), "does not exist");
   expect_error(run(train_args(none, {"--cuda-graph", "true", "--device", "cpu"})),
                "cuda_graph: needs a CUDA device, but device is 'cpu'");
@@ -416,6 +418,8 @@ TEST(Trainer, BadInputGivesClearErrorsAndWritesNothing) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto before = snapshot(dir);
   expect_error(run(train_args(dir, {"--resume", "--lr", "0.05"})), "config mismatch");
+  EXPECT_EQ(snapshot(dir), before);
+  expect_error(run(train_args(dir, {"--resume", "--dion-qr", "cholesky"})), "config mismatch");
   EXPECT_EQ(snapshot(dir), before);
   expect_error(run(train_args(dir)), "already holds a run");
   EXPECT_EQ(snapshot(dir), before);
