@@ -177,17 +177,17 @@ CholeskyQ cholesky_qr2_q(const at::Tensor& P) {
   // an fp32 P can represent (cond ≲ 1e7); the second pass restores orthogonality lost in the
   // first. Each pass is one batched product, one batched Cholesky and one triangular solve.
   at::Tensor X = P.to(at::kDouble);
-  at::Tensor ok = at::ones({}, P.options().dtype(at::kBool));
+  at::Tensor ok = at::ones(P.sizes().slice(0, P.dim() - 2), P.options().dtype(at::kBool));
   for (int pass = 0; pass < 2; ++pass) {
     const at::Tensor G = at::matmul(X.transpose(-2, -1), X);  // [..., r, r]
-    auto [L, info] = at::linalg_cholesky_ex(G, /*upper=*/false, /*check_errors=*/false);
-    ok = ok.logical_and((info == 0).all());
+    auto [L, info] = at::linalg_cholesky_ex(G, /*upper=*/false, /*check_errors=*/false);  // info [...]
+    ok = ok.logical_and(info == 0);
     // X·L⁻ᵀ: solve Y·Lᵀ = X (Lᵀ upper triangular, from the right).
     X = at::linalg_solve_triangular(L.transpose(-2, -1), X, /*upper=*/true, /*left=*/false);
   }
   CholeskyQ q;
   q.Q = X.to(at::kFloat);
-  q.ok = ok.logical_and(at::isfinite(q.Q).all());
+  q.ok = ok.logical_and(at::isfinite(q.Q).flatten(-2).all(-1));
   return q;
 }
 

@@ -97,8 +97,10 @@ DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, doub
 // Q of the fp32 QR of P [..., m, r] (Householder: LAPACK on the CPU, cuSOLVER on a GPU).
 at::Tensor householder_q(const at::Tensor& P);
 // Cholesky QR2 of P [..., m, r] (fp32), computed in fp64: twice R = chol(XᵀX)ᵀ, X ← X·R⁻¹.
-// `ok` (0-d bool, P's device, no host synchronization) is false when any matrix's Cholesky
-// failed or Q is not finite; then the caller takes householder_q(P) for this P.
+// `ok` (bool [...], one per matrix, P's device, no host synchronization) is false where that
+// matrix's Cholesky failed or its Q is not finite; the caller takes householder_q there.
+// Batched: on a GPU a single small Cholesky or triangular solve is latency-bound, so callers
+// stack same-shaped matrices into one call.
 struct CholeskyQ {
   at::Tensor Q, ok;  // Q fp32, R of each pass with a positive diagonal
 };

@@ -430,7 +430,7 @@ TEST(OptimDion, CholeskyQr2MatchesFloat64Qr) {
     at::Tensor P = at::stack({with_condition(200, 24, cond, gen), with_condition(200, 24, cond, gen),
                               with_condition(200, 24, cond, gen)});
     const auto q = cholesky_qr2_q(P);
-    ASSERT_TRUE(q.ok.item<bool>()) << "cond " << cond;
+    ASSERT_TRUE(q.ok.all().item<bool>()) << "cond " << cond;
     ASSERT_EQ(q.Q.scalar_type(), at::kFloat);
     ASSERT_EQ(q.Q.sizes(), P.sizes());
     double worst_q = 0, worst_orth = 0;
@@ -460,38 +460,53 @@ TEST(OptimDion, CholeskyQr2ReportsFailure) {
   EXPECT_TRUE(cholesky_qr2_q(good).ok.item<bool>());
   EXPECT_FALSE(cholesky_qr2_q(zero_col).ok.item<bool>());
   EXPECT_FALSE(cholesky_qr2_q(nan_entry).ok.item<bool>());
-  // One bad matrix in a batch fails the batch (the caller falls back for that parameter).
-  EXPECT_FALSE(cholesky_qr2_q(at::stack({good, zero_col})).ok.item<bool>());
+  // In a batch, per matrix: a bad one does not fail its neighbours.
+  const at::Tensor ok = cholesky_qr2_q(at::stack({good, zero_col, good * 3, nan_entry})).ok;
+  ASSERT_EQ(ok.sizes(), at::IntArrayRef({4}));
+  EXPECT_TRUE(ok[0].item<bool>());
+  EXPECT_FALSE(ok[1].item<bool>());
+  EXPECT_TRUE(ok[2].item<bool>());
+  EXPECT_FALSE(ok[3].item<bool>());
 }
 
 // A parameter whose P is rank-deficient (a zero column in its Q) takes the Householder QR:
-// bit-identical to the Householder optimizer; the other parameter of the same group keeps the
-// Cholesky QR (close to, not equal to, Householder's).
+// bit-identical to the Householder optimizer. The others of the group keep the Cholesky QR
+// (close to, not equal to, Householder's), also the one of the same shape that shared its
+// batched factorization.
 TEST(OptimDion, CholeskyQrFallsBackPerParameter) {
   auto gen = at::detail::createCPUGenerator(93);
-  std::vector<at::Tensor> W0 = {randn({12, 10}, gen, at::kFloat), randn({9, 14}, gen, at::kFloat)};
-  std::vector<at::Tensor> Q0 = {randn({10, 5}, gen, at::kFloat), randn({14, 5}, gen, at::kFloat)};
+  const std::vector<std::vector<int64_t>> shapes = {{12, 10}, {12, 10}, {9, 14}};
+  std::vector<at::Tensor> W0, Q0, G;
+  for (const auto& s : shapes) {
+    W0.push_back(randn(s, gen, at::kFloat));
+    Q0.push_back(randn({s[1], 5}, gen, at::kFloat));  // r = ⌈0.5·min(m, n)⌉ = 5 for all three
+    G.push_back(randn(s, gen, at::kFloat));
+  }
   Q0[0].select(1, 2).zero_();
-  std::vector<at::Tensor> G = {randn({12, 10}, gen, at::kFloat), randn({9, 14}, gen, at::kFloat)};
   std::vector<at::Tensor> after[2];
   for (int k = 0; k < 2; ++k) {
     ParamGroup g;
     g.options = matrix_options(Algorithm::Dion);
     g.options.rank_fraction = 0.5;
     g.options.dion_qr = k == 0 ? orthopt::DionQr::Householder : orthopt::DionQr::Cholesky;
-    for (int i = 0; i < 2; ++i) g.params.push_back(W0[i].clone().requires_grad_(true));
+    std::vector<Optimizer::StateDict> states;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      g.params.push_back(W0[i].clone().requires_grad_(true));
+      states.push_back({{"momentum", at::zeros_like(W0[i])}, {"Q", Q0[i]}});
+    }
     Optimizer opt({g});
-    opt.load_param_states({{{{"momentum", at::zeros_like(W0[0])}, {"Q", Q0[0]}},
-                            {{"momentum", at::zeros_like(W0[1])}, {"Q", Q0[1]}}}});
-    for (int i = 0; i < 2; ++i) g.params[i].mutable_grad() = G[i];
+    opt.load_param_states({states});
+    for (size_t i = 0; i < shapes.size(); ++i) g.params[i].mutable_grad() = G[i];
     opt.step();
-    for (int i = 0; i < 2; ++i) after[k].push_back(g.params[i].detach().clone());
+    for (size_t i = 0; i < shapes.size(); ++i) after[k].push_back(g.params[i].detach().clone());
     EXPECT_TRUE(at::isfinite(after[k][0]).all().item<bool>());
   }
   EXPECT_TRUE(at::equal(after[0][0], after[1][0])) << "the rank-deficient parameter fell back to Householder";
-  EXPECT_FALSE(at::equal(after[0][1], after[1][1])) << "the healthy parameter kept the Cholesky QR";
-  const double rel = ((after[1][1] - after[0][1]).norm() / (after[0][1] - W0[1]).norm()).item<double>();
-  EXPECT_LT(rel, 1e-5) << "and agrees with Householder's update to fp32 precision";
+  for (size_t i = 1; i < shapes.size(); ++i) {
+    EXPECT_FALSE(at::equal(after[0][i], after[1][i])) << "parameter " << i << " kept the Cholesky QR";
+    const double rel = ((after[1][i] - after[0][i]).norm() / (after[0][i] - W0[i]).norm()).item<double>();
+    EXPECT_LT(rel, 1e-5) << "parameter " << i << " agrees with Householder's update to fp32 precision";
+  }
 }
 
 // ---------------------------------------------------------------- Lion
