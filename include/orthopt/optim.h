@@ -116,6 +116,9 @@ class Optimizer {
   const at::Tensor& skip_factor() const;
   bool skip_gating() const;    // whether set_skip_factor has enabled the gating
   int64_t step_count() const;  // optimizer steps taken (skipped steps do not count)
+  // Dion with dion_qr = cholesky: parameter updates whose Cholesky QR failed and took the
+  // Householder QR instead, since construction (not saved).
+  int64_t dion_qr_fallbacks() const;
 
   // Full state (per-param state, step counters, device hyperparameters) through torch
   // serialization. load() checks algorithm, group structure and shapes first and throws

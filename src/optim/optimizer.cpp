@@ -352,6 +352,7 @@ class OptimizerImpl {
   at::Tensor lr_scale, skip_factor, steps;    // 0-d on the device; steps counts taken steps
   bool skip_active = false;                   // set_skip_factor was called at least once
   int64_t state_version = 0;                  // see Optimizer::state_version()
+  int64_t dion_qr_fallbacks = 0;              // see Optimizer::dion_qr_fallbacks()
   at::Tensor keep;                            // skip_factor != 0, valid during step()
 
   explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
@@ -872,7 +873,10 @@ class OptimizerImpl {
       }
       const at::Tensor ok_host = idx.empty() ? at::Tensor() : at::stack(ok).to(at::kCPU);  // the one sync
       for (size_t j = 0; j < idx.size(); ++j)
-        if (!ok_host[j].item<bool>()) P[j] = optim_detail::householder_q(raw[j]);
+        if (!ok_host[j].item<bool>()) {
+          P[j] = optim_detail::householder_q(raw[j]);
+          ++dion_qr_fallbacks;
+        }
     }
     for (size_t j = 0; j < idx.size(); ++j) {
       const size_t i = idx[j];
@@ -1229,6 +1233,7 @@ const at::Tensor& Optimizer::skip_factor() const { return impl_->skip_factor; }
 bool Optimizer::skip_gating() const { return impl_->skip_active; }
 int64_t Optimizer::state_version() const { return impl_->state_version; }
 int64_t Optimizer::step_count() const { return impl_->steps.item<int64_t>(); }
+int64_t Optimizer::dion_qr_fallbacks() const { return impl_->dion_qr_fallbacks; }
 
 int64_t Optimizer::state_bytes() const {
   int64_t bytes = 0;

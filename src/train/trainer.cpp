@@ -551,7 +551,11 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   if (result.stopped_early) log << "stopped after step " << step << " (--stop-after); continue with --resume\n";
   log << "done: " << step << " steps, final val loss " << result.final_val_loss << " ("
       << bits_per_byte(result.final_val_loss) << " bits/byte), skipped " << result.skipped_nonfinite
-      << " non-finite and " << result.skipped_spike << " spike steps\n";
+      << " non-finite and " << result.skipped_spike << " spike steps";
+  if (single && c.algorithm == "dion" && c.dion_qr == "cholesky")
+    log << "; dion_qr cholesky fell back to Householder in " << single->dion_qr_fallbacks()
+        << " parameter updates of this process";
+  log << "\n";
   return result;
 }
 

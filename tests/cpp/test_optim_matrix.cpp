@@ -500,6 +500,7 @@ TEST(OptimDion, CholeskyQrFallsBackPerParameter) {
     opt.step();
     for (size_t i = 0; i < shapes.size(); ++i) after[k].push_back(g.params[i].detach().clone());
     EXPECT_TRUE(at::isfinite(after[k][0]).all().item<bool>());
+    EXPECT_EQ(opt.dion_qr_fallbacks(), k == 0 ? 0 : 1);
   }
   EXPECT_TRUE(at::equal(after[0][0], after[1][0])) << "the rank-deficient parameter fell back to Householder";
   for (size_t i = 1; i < shapes.size(); ++i) {

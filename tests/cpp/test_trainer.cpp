@@ -257,6 +257,18 @@ TEST(Trainer, DeterministicIsAnExecutionOption) {
   EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
 }
 
+// Dion with the Cholesky QR trains (finite loss, validation written) and says how often it fell
+// back to Householder; its config records the choice.
+TEST(Trainer, DionCholeskyQrTrainsAndReportsFallbacks) {
+  const auto dir = fresh_dir("dion_cholesky");
+  const auto r = run(train_args(dir, {"--algorithm", "dion", "--dion-qr", "cholesky", "--steps", "4", "--eval-every", "4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("dion_qr cholesky fell back to Householder in "), std::string::npos) << r.out;
+  EXPECT_EQ(json::parse(read_file(dir / "config.json"))["dion_qr"], "cholesky");
+  EXPECT_NE(r.out.find("final val loss"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("final val loss nan"), std::string::npos) << r.out;
+}
+
 TEST(Trainer, GradAccumulationAdvancesPerOptimizerStep) {
   const auto dir = fresh_dir("accum");
   auto r = run(train_args(dir, {"--grad-accum", "3", "--steps", "5", "--eval-every", "5"}));
