@@ -843,6 +843,8 @@ class OptimizerImpl {
   void step_dion(size_t g, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto idx = active(g);
+    // M = momentum + G, formed again where it is used rather than held for every parameter
+    // between the two passes of the Cholesky path (one weight-sized tensor each).
     auto momentum_of = [&](size_t i) {
       const auto& p = groups[g].params[i];
       return (state_of(g, i).at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(matrix_sizes(p, o));
@@ -852,7 +854,7 @@ class OptimizerImpl {
     // factorization is latency-bound on a GPU); then one host synchronization reads which
     // parameters had a failed factorization, and those take the Householder QR.
     std::vector<at::Tensor> P(idx.size());
-    if (o.dion_qr == DionQr::Cholesky) {
+    if (o.dion_qr == DionQr::Cholesky && !idx.empty()) {
       std::vector<at::Tensor> raw(idx.size()), ok(idx.size());
       std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;  // (m, r) -> j
       for (size_t j = 0; j < idx.size(); ++j) {
@@ -871,7 +873,7 @@ class OptimizerImpl {
           offset += n;
         }
       }
-      const at::Tensor ok_host = idx.empty() ? at::Tensor() : at::stack(ok).to(at::kCPU);  // the one sync
+      const at::Tensor ok_host = at::stack(ok).to(at::kCPU);  // the one sync
       for (size_t j = 0; j < idx.size(); ++j)
         if (!ok_host[j].item<bool>()) {
           P[j] = optim_detail::householder_q(raw[j]);
