@@ -539,7 +539,7 @@ class OptimizerImpl {
   }
 
   // The state `name` of a bank's params (each its matrices as rows×cols: the momentum
-  // cols = b.cols, the variance 1) as one [B, rows, cols] tensor whose slices ARE those state
+  // cols = b.cols, the variance 1; Dion's Q n×r) as one [B, rows, cols] tensor whose slices ARE those state
   // tensors, so a step updates them in place: no stacking copy before and no copy back per
   // param after (for Dion3 on a large model these two copies were a third of the step).
   // When they are not yet consecutive in one buffer (first step, after load_param_states(), a
@@ -547,18 +547,22 @@ class OptimizerImpl {
   // its view (state_version counts such moves). Undefined where a state tensor's dtype is not
   // `dtype`: the caller then stacks.
   at::Tensor owned_bank(size_t g, const Bank& b, const char* name, int64_t cols, at::ScalarType dtype) {
+    return owned_bank(g, b, name, b.rows, cols, dtype);
+  }
+  at::Tensor owned_bank(size_t g, const Bank& b, const char* name, int64_t rows, int64_t cols,
+                        at::ScalarType dtype) {
     const auto ts = bank_state(g, b, name);
     for (const auto& t : ts)
       if (t.scalar_type() != dtype) return {};
-    const int64_t per_matrix = b.rows * cols;
+    const int64_t per_matrix = rows * cols;
     const at::Tensor& first = ts[0];
     bool consecutive = true;
     for (size_t j = 0; j < ts.size() && consecutive; ++j)
       consecutive = ts[j].is_contiguous() && ts[j].is_alias_of(first) &&
                     ts[j].storage_offset() == first.storage_offset() + b.offsets[j] * per_matrix;
     if (consecutive)
-      return first.as_strided({b.size(), b.rows, cols}, {per_matrix, cols, 1}, first.storage_offset());
-    at::Tensor buffer = at::empty({b.size(), b.rows, cols}, first.options());
+      return first.as_strided({b.size(), rows, cols}, {per_matrix, cols, 1}, first.storage_offset());
+    at::Tensor buffer = at::empty({b.size(), rows, cols}, first.options());
     for (size_t j = 0; j < ts.size(); ++j) {
       at::Tensor view = b.slice(buffer, j).view(ts[j].sizes());
       view.copy_(ts[j]);
@@ -841,8 +845,101 @@ class OptimizerImpl {
 
   // ---- Dion (§6)
   void step_dion(size_t g, const at::Tensor& lr) {
-    const auto& o = groups[g].options;
     const auto idx = active(g);
+    if (banks_used(g, idx)) return step_dion_banks(g, idx, lr);
+    step_dion_reference(g, idx, lr);
+  }
+
+  // Per bank: step_dion_reference()'s operations on [B, m, n] stacks (on a GPU the per-parameter
+  // step is launch-bound: about ten small operations per parameter), so each matrix gets the
+  // same values. Momenta and Q live in one buffer per bank and are updated in place
+  // (owned_bank()). With `cholesky` the decision stays per parameter, as in the reference: one
+  // host synchronization for the whole group, and a parameter whose factorization failed takes
+  // the Householder QR of its own slice of P.
+  void step_dion_banks(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    const auto& params = groups[g].params;
+    const std::vector<Bank> bks = banks(g, idx);
+#ifdef ORTHOPT_WITH_CUDA
+    const bool kernels = fused(g, idx);  // the weights through the multi-tensor update kernel
+#endif
+    std::vector<at::Tensor> Qs(bks.size());
+    for (size_t bi = 0; bi < bks.size(); ++bi) {
+      const Bank& b = bks[bi];
+      Qs[bi] = owned_bank(g, b, "Q", b.cols, optim_detail::dion_rank(o.rank_fraction, b.rows, b.cols), at::kFloat);
+    }
+    // The bank's momenta: a view of the state when it lives in one buffer of the work dtype
+    // (never written through unless owned), else stacked.
+    auto momenta_of = [&](const Bank& b, bool& owned) {
+      at::Tensor M = owned_bank(g, b, "momentum", b.cols, b.dtype);
+      owned = M.defined();
+      return owned ? M : stack_bank(bank_state(g, b, "momentum"), b.rows, b.cols, b.dtype);
+    };
+    // M = momentum + G [B, m, n], formed again where it is used (see step_dion_reference()).
+    auto bank_M = [&](const Bank& b, const at::Tensor& momenta) {
+      std::vector<at::Tensor> grads;
+      for (size_t i : b.params) grads.push_back(params[i].grad().detach());
+      return momenta + stack_bank(grads, b.rows, b.cols, b.dtype);
+    };
+    std::vector<at::Tensor> P(bks.size());
+    if (o.dion_qr == DionQr::Cholesky) {
+      std::vector<at::Tensor> raw(bks.size()), ok;
+      for (size_t bi = 0; bi < bks.size(); ++bi) {
+        const Bank& b = bks[bi];
+        bool owned = false;
+        raw[bi] = optim_detail::dion_power(bank_M(b, momenta_of(b, owned)), Qs[bi]);
+        const auto q = optim_detail::cholesky_qr2_q(raw[bi]);
+        P[bi] = q.Q;
+        for (size_t j = 0; j < b.params.size(); ++j) ok.push_back(b.slice(q.ok, j).all());
+      }
+      const at::Tensor ok_host = at::stack(ok).to(at::kCPU);  // the one sync
+      size_t k = 0;
+      for (size_t bi = 0; bi < bks.size(); ++bi)
+        for (size_t j = 0; j < bks[bi].params.size(); ++j, ++k)
+          if (!ok_host[static_cast<int64_t>(k)].item<bool>()) {
+            bks[bi].slice(P[bi], j).copy_(optim_detail::householder_q(bks[bi].slice(raw[bi], j)));
+            ++dion_qr_fallbacks;
+          }
+    }
+    for (size_t bi = 0; bi < bks.size(); ++bi) {
+      const Bank& b = bks[bi];
+      bool owned = false;
+      const at::Tensor momenta = momenta_of(b, owned);
+      const at::Tensor M = bank_M(b, momenta);
+      if (!P[bi].defined()) P[bi] = optim_detail::householder_q(optim_detail::dion_power(M, Qs[bi]));
+      auto r = optim_detail::dion_finish(M, P[bi], o.momentum, o.eps);
+      if (owned) {
+        momenta.copy_(gated(r.momentum, momenta));
+      } else {
+        commit_bank(b, bank_state(g, b, "momentum"), r.momentum, momenta);
+      }
+      Qs[bi].copy_(gated(r.Q, Qs[bi]));
+      const double factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
+#ifdef ORTHOPT_WITH_CUDA
+      if (kernels) {  // r.direction is fp32, the reference's direction in the work dtype
+        std::vector<at::Tensor> weights, copies, directions;
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          add_weights(g, b.params[j], weights, copies);
+          directions.push_back(b.slice(r.direction, j).reshape(params[b.params[j]].sizes()));
+        }
+        cuda::update(weights, directions, copies, std::vector<double>(weights.size(), factor), lr, o.weight_decay,
+                     o.cautious_weight_decay, keep_flag());
+        continue;
+      }
+#endif
+      std::vector<at::Tensor> storage;
+      for (size_t i : b.params) storage.push_back(weight_storage(g, i));
+      const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
+      write_weights_bank(g, b,
+                         optim_detail::decoupled_update(W_old, r.direction.to(b.dtype), lr, lr * factor,
+                                                        o.weight_decay, o.cautious_weight_decay),
+                         W_old);
+    }
+  }
+
+  // The per-parameter reference path of step_dion().
+  void step_dion_reference(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
     // M = momentum + G, formed again where it is used rather than held for every parameter
     // between the two passes of the Cholesky path (one weight-sized tensor each).
     auto momentum_of = [&](size_t i) {

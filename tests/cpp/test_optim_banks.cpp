@@ -1,4 +1,4 @@
-// The batched Dion3 and NorMuon steps (one op per bank of same-shaped matrices, src/optim/optimizer.cpp)
+// The batched Dion3, NorMuon and Dion steps (one op per bank of same-shaped matrices, src/optim/optimizer.cpp)
 // against their per-matrix reference paths (ORTHOPT_GPU_KERNELS=0), in one process.
 //
 // Two optimizers over identical parameters receive identical random gradients; one steps on the
@@ -9,7 +9,8 @@
 // and the Newton–Schulz products give each slice of a stack the bits they give it alone. (One
 // exception, outside these small shapes: an fp64 reduction over more than 32768 elements of a
 // lone matrix is split across threads (NorMuon: more than 32768 rows); docs/optimizers.md,
-// "Batched Dion3 and NorMuon".)
+// "Batched Dion3 and NorMuon". Another, for Dion: a batched product of fewer than 400
+// multiply-adds per matrix is summed by ATen's own loop, the 2-D one by BLAS.)
 // (On a GPU the reduction kernels may split a reduction differently for a different number of
 // outputs; tests/gpu/test_gpu_fused.cpp bounds that case by fp32 rounding.)
 //
@@ -339,4 +340,90 @@ TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
   EXPECT_EQ(restored.state_version(), loaded + 2) << "the loaded momenta and variances move into one buffer once";
 }
 
+
+TEST_F(OptimBanks, DionBatchedEqualsPerParamBitForBit) {
+  const auto bf16 = at::kBFloat16;
+  for (const auto qr : {orthopt::DionQr::Householder, orthopt::DionQr::Cholesky}) {
+    SCOPED_TRACE(orthopt::to_string(qr));
+    auto with_qr = [qr](std::function<void(GroupOptions&)> more) {
+      return [qr, more](GroupOptions& o) {
+        o.dion_qr = qr;
+        if (more) more(o);
+      };
+    };
+    const std::vector<GroupSpec> specs = {
+        // Mixed bank 16x40 (two 2-D params + a 3-D stack), tall, square bank with a stack, a frozen
+        // param; cautious decay with a large wd so a wrong mask shows.
+        {Algorithm::Dion,
+         {{{16, 40}}, {{16, 40}}, {{3, 16, 40}}, {{40, 16}}, {{24, 24}}, {{2, 24, 24}}, {{16, 40}, at::kFloat, true}},
+         with_qr([](GroupOptions& o) {
+           o.rank_fraction = 0.3;
+           o.cautious_weight_decay = true;
+           o.weight_decay = 2.0;
+         })},
+        // bf16 with fp32 master weights, in one bank with an fp32 param; Jordan lr rule.
+        {Algorithm::Dion, {{{16, 40}, bf16}, {{16, 40}}, {{20, 12}, bf16}, {{2, 20, 12}, bf16}},
+         with_qr([](GroupOptions& o) {
+           o.master_weights = true;
+           o.lr_adjust = orthopt::LrAdjust::Jordan;
+         })},
+        // bf16 params and momenta without master weights (stacked, not owned); weight decay 0.
+        {Algorithm::Dion, {{{16, 40}, bf16}, {{16, 40}, bf16}, {{12, 20}, bf16}},
+         with_qr([](GroupOptions& o) { o.weight_decay = 0.0; })},
+        // fp64 params (fp32 Q and products), full rank.
+        {Algorithm::Dion, {{{16, 40}, at::kDouble}, {{16, 40}, at::kDouble}, {{40, 16}, at::kDouble}},
+         with_qr([](GroupOptions& o) { o.rank_fraction = 1.0; })},
+        // flatten (a 4-D weight as one matrix), single-param banks, rms_norm. Full rank: with
+        // r = 2 the products would be below ATen's 400 multiply-adds, where its CPU bmm sums in
+        // its own loop and mm in BLAS (the header's exception).
+        {Algorithm::Dion, {{{6, 2, 3, 4}}, {{8, 24}}}, with_qr([](GroupOptions& o) {
+           o.ortho.flatten = true;
+           o.lr_adjust = orthopt::LrAdjust::RmsNorm;
+           o.rank_fraction = 1.0;
+         })},
+    };
+    expect_batched_equals_reference(specs);
+  }
+}
+
+// Dion cholesky with a parameter whose P is rank-deficient (a zero column in its Q) inside a
+// bank of three: on both paths that parameter, and only it, takes the Householder QR.
+TEST_F(OptimBanks, DionCholeskyFallbackInABankBitForBit) {
+  const std::vector<GroupSpec> specs = {{Algorithm::Dion, {{{12, 10}}, {{12, 10}}, {{2, 12, 10}}, {{9, 14}}},
+                                         [](GroupOptions& o) {
+                                           o.rank_fraction = 0.5;
+                                           o.dion_qr = orthopt::DionQr::Cholesky;
+                                         }}};
+  const auto groups = make_groups(specs);
+  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  fill_grads(specs, {&batched, &reference}, 0, false);
+  batched.step();  // creates the state; then param 1's Q gets a zero column
+  {
+    ReferencePath on;
+    reference.step();
+  }
+  ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "");
+  for (Optimizer* o : {&batched, &reference}) {
+    std::vector<std::vector<Optimizer::StateDict>> states(1);
+    for (size_t i = 0; i < 4; ++i) {
+      Optimizer::StateDict st;
+      for (const auto& [k, t] : o->param_state(0, i)) st[k] = t.clone();
+      if (i == 1) st["Q"].select(1, 2).zero_();
+      states[0].push_back(st);
+    }
+    o->load_param_states(states);
+  }
+  for (int t = 1; t < 3; ++t) {
+    fill_grads(specs, {&batched, &reference}, t, false);
+    batched.step();
+    {
+      ReferencePath on;
+      reference.step();
+    }
+    ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
+  }
+  // Step 1 falls back for param 1; its Q is then full rank again (R's columns), step 2 does not.
+  EXPECT_EQ(batched.dion_qr_fallbacks(), 1);
+  EXPECT_EQ(reference.dion_qr_fallbacks(), 1);
+}
 }  // namespace

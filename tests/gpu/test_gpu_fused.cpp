@@ -239,8 +239,35 @@ double worst_ratio(const Optimizer& a, const Optimizer& b, const std::vector<at:
   return worst;
 }
 
-void run_fused_vs_reference(bool fp32_ns, double ns_rel, const char* label) {
-  const auto specs = fused_specs();
+// Dion per bank (src/optim/optimizer.cpp, step_dion_banks) against its per-parameter
+// reference, with both orthonormalizations: a mixed bank (2-D params and a 3-D stack), tall
+// and wide banks, a single-param bank, bf16 with master weights next to fp32, 16-bit
+// parameters and momenta without them (stacked, not owned), cautious decay.
+std::vector<Spec> dion_specs() {
+  std::vector<Spec> s;
+  for (const auto qr : {orthopt::DionQr::Householder, orthopt::DionQr::Cholesky}) {
+    s.push_back({Algorithm::Dion, {{64, 96}, {64, 96}, {2, 64, 96}, {300, 200}, {120, 40}}, {}, [qr](GroupOptions& o) {
+                   o.dion_qr = qr;
+                   o.rank_fraction = 0.25;
+                   o.cautious_weight_decay = true;
+                 }});
+    s.push_back({Algorithm::Dion,
+                 {{48, 80}, {48, 80}, {40, 56}},
+                 {at::kBFloat16, at::kFloat, at::kHalf},
+                 [qr](GroupOptions& o) {
+                   o.dion_qr = qr;
+                   o.master_weights = true;
+                 }});
+    s.push_back({Algorithm::Dion, {{40, 56}, {40, 56}}, {at::kBFloat16, at::kBFloat16}, [qr](GroupOptions& o) {
+                   o.dion_qr = qr;
+                   o.weight_decay = 0.0;
+                   o.lr_adjust = orthopt::LrAdjust::RmsNorm;
+                 }});
+  }
+  return s;
+}
+
+void run_fused_vs_reference(const std::vector<Spec>& specs, bool fp32_ns, double ns_rel, const char* label) {
   Optimizer fused(make_groups(specs, 21, fp32_ns));
   Optimizer reference(make_groups(specs, 21, fp32_ns));
   const auto start = snapshot_params(reference);
@@ -279,7 +306,16 @@ void run_fused_vs_reference(bool fp32_ns, double ns_rel, const char* label) {
 // fixed summation order; twelfth session), so the fp32 results differ by rounding (≈1e-7 per operation, grown
 // by five NS iterations and NorMuon's division by the row RMS). Measured on an H200: 1.9e-5 of
 // the movement (a NorMuon param, step 0). Everything that does not depend on NS keeps 1e-5.
-TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) { run_fused_vs_reference(/*fp32_ns=*/true, 1e-4, "fp32 NS"); }
+TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) {
+  run_fused_vs_reference(fused_specs(), /*fp32_ns=*/true, 1e-4, "fp32 NS");
+}
+
+// Dion per bank: batched products, QR and Cholesky QR2 against per-parameter ones (cuBLAS and
+// cuSOLVER pick kernels by batch size), so the fp32 results differ by rounding; the parameters
+// get the NS-dependent tensors' 1e-4 of their movement, momentum and Q 1e-5 of their norm.
+TEST_F(GpuFused, DionBanksMatchReferencePathToFp32Rounding) {
+  run_fused_vs_reference(dion_specs(), /*fp32_ns=*/true, 1e-4, "Dion banks");
+}
 
 // With the default NS dtypes the runs differ by the NS implementations (our bf16/fp16 product
 // kernels vs ATen's), each within its rounding noise of float64: up to 2.4e-2 relative on the
@@ -287,7 +323,7 @@ TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) { run_fused_vs_reference(/*
 // 0.1 of their movement (a wiring error gives O(1)); everything else (momentum, AdamW, Lion)
 // keeps the tight bound, since it depends on the gradients only.
 TEST_F(GpuFused, MatchesReferencePathWithDefaultNsUpToNsNoise) {
-  run_fused_vs_reference(/*fp32_ns=*/false, 0.1, "default NS");
+  run_fused_vs_reference(fused_specs(), /*fp32_ns=*/false, 0.1, "default NS");
 }
 
 
