@@ -331,9 +331,13 @@ CudaGraphOptimizer::CudaGraphOptimizer(Optimizer& opt, int warmup_steps) {
   const auto& groups = opt.param_groups();
   c10::optional<c10::Device> device;
   for (size_t g = 0; g < groups.size(); ++g) {
-    TORCH_CHECK(groups[g].options.algorithm != Algorithm::Dion || groups[g].params.empty(), "CudaGraphOptimizer: group ",
-                g, " uses 'dion', whose QR factorization (cuSOLVER/MAGMA) cannot be captured in a CUDA graph; keep "
-                "Dion groups in a separate eager optimizer (dion3 captures fine)");
+    // Householder's QR (cuSOLVER through torch.linalg.qr) captures; Cholesky QR2 reads on the
+    // host which factorizations failed, once per step, and a capture cannot synchronize.
+    TORCH_CHECK(groups[g].options.algorithm != Algorithm::Dion || groups[g].options.dion_qr != DionQr::Cholesky ||
+                    groups[g].params.empty(),
+                "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky', whose step synchronizes "
+                "with the host (it reads which factorizations failed) and cannot be captured in a CUDA graph; use "
+                "dion_qr 'householder', or keep the group in a separate eager optimizer");
     for (size_t i = 0; i < groups[g].params.size(); ++i) {
       const at::Tensor& p = groups[g].params[i];
       TORCH_CHECK(p.is_cuda(), "CudaGraphOptimizer: CUDA graphs need the parameters on a CUDA device, but ",

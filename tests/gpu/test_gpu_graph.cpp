@@ -5,7 +5,7 @@
 // step; one steps eagerly, the other through CudaGraphOptimizer (eager warm-up, capture, replays).
 // Parameters and every state tensor must stay bit-identical (at::equal), for a constant and for
 // a scheduled lr (set_lr_scale each step), with Muon, NorMuon, Dion3, AdamW and Lion groups in
-// one optimizer. Bitwise equality is the right tolerance: the replay launches the same kernels
+// one optimizer, and Dion (Householder QR) with AdamW in another. Bitwise equality is the right tolerance: the replay launches the same kernels
 // with the same arguments on the same data as the eager step, so any difference is a bug
 // (a stale scalar baked into the graph, a missed write, a wrong buffer).
 #include <gtest/gtest.h>
@@ -132,10 +132,21 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
+// Dion with the Householder QR (torch.linalg.qr, cuSOLVER), per bank: a mixed bank (2-D params
+// and a 3-D stack), a tall bank, a bf16 bank, next to AdamW.
+const std::vector<Spec>& dion_specs() {
+  static const std::vector<Spec> specs = {
+      {Algorithm::Dion, {{64, 96}, {64, 96}, {2, 64, 96}, {96, 40}}},
+      {Algorithm::Dion, {{48, 80}, {48, 80}}, at::kBFloat16},
+      {Algorithm::AdamW, {{96}, {32, 16}}},
+  };
+  return specs;
+}
+
 // Runs `steps` steps on an eager and a graphed optimizer, comparing bitwise after each.
-void run_gate(bool scheduled_lr) {
-  Optimizer eager(make_groups(mixed_specs(), 11));
-  Optimizer graphed_opt(make_groups(mixed_specs(), 11));
+void run_gate(bool scheduled_lr, const std::vector<Spec>& specs = mixed_specs()) {
+  Optimizer eager(make_groups(specs, 11));
+  Optimizer graphed_opt(make_groups(specs, 11));
   ASSERT_EQ(first_mismatch(eager, graphed_opt), "");
   const int warmup = 3, steps = 10;
   CudaGraphOptimizer graphed(graphed_opt, warmup);
@@ -163,6 +174,8 @@ void run_gate(bool scheduled_lr) {
 TEST_F(GpuGraph, ReplayBitIdenticalToEagerConstantLr) { run_gate(false); }
 
 TEST_F(GpuGraph, ReplayBitIdenticalToEagerScheduledLr) { run_gate(true); }
+
+TEST_F(GpuGraph, DionHouseholderReplayBitIdenticalToEager) { run_gate(true, dion_specs()); }
 
 // The skip factor is a device tensor: a skipped replay leaves everything bit-identical and
 // matches a skipped eager step. Gating must be enabled before the capture.
@@ -305,11 +318,12 @@ TEST_F(GpuGraph, ReplacedStateIsRefused) {
   EXPECT_NE(err.find("state was replaced"), std::string::npos) << err;
 }
 
-TEST_F(GpuGraph, DionAndCpuParametersAreRefused) {
+TEST_F(GpuGraph, DionCholeskyAndCpuParametersAreRefused) {
   auto dion = make_groups({{Algorithm::Dion, {{32, 48}}}}, 18);
+  dion[0].options.dion_qr = orthopt::DionQr::Cholesky;
   Optimizer opt(std::move(dion));
   std::string err = error_of([&] { CudaGraphOptimizer g(opt); });
-  EXPECT_NE(err.find("'dion'"), std::string::npos) << err;
+  EXPECT_NE(err.find("dion_qr 'cholesky'"), std::string::npos) << err;
 
   ParamGroup cpu;
   cpu.params.push_back(at::randn({8, 8}));

@@ -2,8 +2,8 @@
 
 Gate: an eager and a graphed optimizer over identical parameters get identical random
 gradients every step; parameters and every state tensor must stay bit-identical
-(torch.equal), for a constant and a scheduled lr, with Muon, NorMuon, Dion3 and AdamW groups in
-one optimizer. Bitwise is the right tolerance: a replay runs the same kernels on the same data.
+(torch.equal), for a constant and a scheduled lr, with Muon, NorMuon, Dion3, Dion (Householder
+QR) and AdamW groups in one optimizer. Bitwise is the right tolerance: a replay runs the same kernels on the same data.
 """
 import math
 
@@ -15,7 +15,7 @@ orthopt = pytest.importorskip("orthopt")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 SHAPES = {"muon": [(64, 96), (64, 96), (2, 32, 48)], "normuon": [(80, 40)], "dion3": [(96, 64)],
-          "adamw": [(96,), (32, 16)]}
+          "dion": [(64, 96), (2, 64, 96)], "adamw": [(96,), (32, 16)]}
 
 
 def make_optimizer(seed):
@@ -137,9 +137,9 @@ def test_zero_grad_keeps_buffers_and_set_to_none_is_refused():
         graphed.step()
 
 
-def test_dion_and_non_orthopt_optimizers_are_refused():
+def test_dion_cholesky_and_non_orthopt_optimizers_are_refused():
     w = torch.randn(32, 48, device="cuda", requires_grad=True)
-    with pytest.raises(RuntimeError, match="'dion'"):
-        orthopt.CudaGraphOptimizer(orthopt.Dion([w]))
+    with pytest.raises(RuntimeError, match="dion_qr 'cholesky'"):
+        orthopt.CudaGraphOptimizer(orthopt.Dion([w], dion_qr="cholesky"))
     with pytest.raises(TypeError, match="orthopt optimizer"):
         orthopt.CudaGraphOptimizer(torch.optim.SGD([w], lr=0.1))

@@ -81,9 +81,9 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, data):
 
 
 @pytest.mark.parametrize("algorithm,extra", [
-    ("muon", []), ("normuon", []), ("dion3", []), ("adamw", []), ("lion", []),
+    ("muon", []), ("normuon", []), ("dion3", []), ("dion", []), ("adamw", []), ("lion", []),
     ("muon", ["--n-experts", "4", "--top-k", "2"]),
-], ids=["muon", "normuon", "dion3", "adamw", "lion", "muon-moe"])
+], ids=["muon", "normuon", "dion3", "dion", "adamw", "lion", "muon-moe"])
 def test_cuda_graph_run_equals_eager_run(tmp_path, data, algorithm, extra):
     common = ["--algorithm", algorithm, "--deterministic", "true", *extra]
     train(tmp_path / "eager", data, *common)
