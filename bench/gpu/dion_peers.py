@@ -1,5 +1,5 @@
 """Same-run comparison with the dion package (github.com/microsoft/dion), the best peer in
-performance.md: its Triton Newton–Schulz and its Muon / NorMuon / Dion3 steps against orthopt's, in
+performance.md: its Triton Newton–Schulz and its Muon / NorMuon / Dion3 / Dion steps against orthopt's, in
 one process on one GPU, timed round-robin (one call of each contender per round), CUDA-event median.
 
 The dion package is not part of orthopt and is not vendored: pass a checkout of it with
@@ -122,7 +122,7 @@ def run_step(args, dion, orthopt):
     print("|---|---|---|---|---|---|---|")
     adamw = dict(algorithm="adamw", lr=3e-3, weight_decay=0.01)
     for name in args.sets:
-        for algo in args.algorithms:
+        for algo in [a for a in args.algorithms if a != "dion"]:  # dion: run_dion_step()
             try:
                 torch.manual_seed(0)
                 t0 = time.time()
@@ -154,6 +154,40 @@ def run_step(args, dion, orthopt):
             torch.cuda.empty_cache()
 
 
+def run_dion_step(args, dion, orthopt):
+    """Dion (low rank, algorithms.md §6): dion's Dion (its randomized Cholesky QR, the only method
+    of its single-device class) against ours with each dion_qr; rank fraction 0.25 on both sides."""
+    print(f"\n## Dion step, rank fraction 0.25, fp32 parameters, random gradients (median of {args.repeats} "
+          f"round-robin rounds after {args.warmup}); ms\n")
+    print("| set | dion Dion (rcqr) | orthopt householder eager | orthopt householder graph | "
+          "orthopt cholesky eager | dion / orthopt best |")
+    print("|---|---|---|---|---|---|")
+    adamw = dict(algorithm="adamw", lr=3e-3, weight_decay=0.01)
+    for name in args.sets:
+        try:
+            torch.manual_seed(0)
+            t0 = time.time()
+            sets = [param_set(name) for _ in range(4)]
+            mats, others = sets[0]
+            opts = [dion.Dion([dict(params=mats), dict(params=others, **adamw)], lr=0.02, mu=0.95,
+                              weight_decay=0.01, rank_fraction=0.25)]
+            for k, ((mats, others), qr) in enumerate(zip(sets[1:], ("householder", "householder", "cholesky"))):
+                o = orthopt.Dion([dict(params=mats), dict(params=others, **adamw)], lr=0.02, weight_decay=0.01,
+                                 momentum=0.95, rank_fraction=0.25, dion_qr=qr)
+                opts.append(orthopt.CudaGraphOptimizer(o, warmup_steps=2) if k == 1 else o)
+            for _ in range(3):  # the graph's two eager warm-up steps and its capture, before any timing
+                opts[2].step()
+            ms = round_robin_ms([o.step for o in opts], args.warmup, args.repeats)
+            print(f"| {name} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[2]:.3f} | {ms[3]:.3f} | {ms[0] / min(ms[1:]):.2f} |",
+                  flush=True)
+            print(f"<!-- {name} dion: {time.time() - t0:.1f} s -->", flush=True)
+        except Exception as e:  # a contender that fails is reported in its row
+            print(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:160]} | | | | |", flush=True)
+            print(f"<!-- {name} dion, the whole message: {str(e)} -->", flush=True)
+        opts = sets = None
+        torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dion", required=True, help="folder holding the `dion` package (a microsoft/dion checkout)")
@@ -162,8 +196,8 @@ def main():
     p.add_argument("--products", action="store_true",
                    help="time dion's symmetric Triton products alone against dense cuBLAS (not in the default)")
     p.add_argument("--sets", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
-    p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3"],
-                   choices=["muon", "normuon", "dion3"])
+    p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3", "dion"],
+                   choices=["muon", "normuon", "dion3", "dion"])
     p.add_argument("--recompile-limit", type=int, default=None,
                    help="raise torch._dynamo's recompile limit (dion's compiled per-shape updates hit the "
                         "default 8 on GPT-2's NorMuon); default: torch's own")
@@ -197,7 +231,10 @@ def main():
     if args.ns or both:
         run_ns(args, newton_schulz_triton, orthopt)
     if args.step or both:
-        run_step(args, dion, orthopt)
+        if any(a != "dion" for a in args.algorithms):
+            run_step(args, dion, orthopt)
+        if "dion" in args.algorithms:
+            run_dion_step(args, dion, orthopt)
 
 
 if __name__ == "__main__":
