@@ -311,13 +311,13 @@ struct CudaGraphOptimizer::Impl {
       return;
     }
     if (eager < warmup || !state_ready()) {
-      // Warm-up (and an extra step when a parameter got its first gradient only now), on the
-      // capture stream, so the per-stream resources created lazily (cuBLAS workspace) exist
-      // before the capture. Every warm-up step, not only the last: under torch's deterministic
-      // mode a Dion step that was the first on a stream after earlier steps on another rounded
-      // differently (torch 2.11, H200), so a switch before the capture made a graph run differ
-      // from the eager run; with all steps on one stream they agree bit for bit.
-      on_side_stream([&] { opt.step(); });
+      // Warm-up. The last warm-up step (and an extra one when a parameter got its first
+      // gradient only now) runs on the capture stream, so the per-stream resources created
+      // lazily (cuBLAS workspace) exist before the capture; the others on the current stream.
+      if (eager + 1 >= warmup)
+        on_side_stream([&] { opt.step(); });
+      else
+        opt.step();
       ++eager;
       return;
     }
