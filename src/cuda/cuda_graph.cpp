@@ -39,6 +39,18 @@ namespace orthopt {
 
 namespace {
 
+// Refuses a group whose step cannot be captured: Dion with the Cholesky QR2 reads on the host
+// which factorizations failed, once per step (Householder's QR, cuSOLVER through
+// torch.linalg.qr, captures). Checked at construction and again at the capture, since the
+// option may be changed during the warm-up.
+void check_group_capturable(const ParamGroup& group, size_t g) {
+  TORCH_CHECK(group.options.algorithm != Algorithm::Dion || group.options.dion_qr != DionQr::Cholesky ||
+                  group.params.empty(),
+              "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky', whose step synchronizes "
+              "with the host (it reads which factorizations failed) and cannot be captured in a CUDA graph; use "
+              "dion_qr 'householder', or keep the group in a separate eager optimizer");
+}
+
 // The first option in which a and b differ, or nullptr. Every field of GroupOptions and
 // OrthoOptions is listed: the graph bakes all of them in (lr and weight decay as kernel
 // arguments, the schedule as the captured sequence of products).
@@ -168,7 +180,8 @@ struct CudaGraphOptimizer::Impl {
 
   void check_capturable() const {
     const auto& groups = opt.param_groups();
-    for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t g = 0; g < groups.size(); ++g) {
+      check_group_capturable(groups[g], g);
       for (size_t i = 0; i < groups[g].params.size(); ++i) {
         const at::Tensor& p = groups[g].params[i];
         TORCH_CHECK(!p.requires_grad() || p.grad().defined(), "CudaGraphOptimizer: ", param_label(groups[g], g, i),
@@ -176,6 +189,7 @@ struct CudaGraphOptimizer::Impl {
                     "backward() so every trainable parameter has a gradient, or set requires_grad=false for frozen "
                     "ones (or keep them in an eager optimizer)");
       }
+    }
   }
 
   CaptureRecord snapshot() const {
@@ -331,13 +345,7 @@ CudaGraphOptimizer::CudaGraphOptimizer(Optimizer& opt, int warmup_steps) {
   const auto& groups = opt.param_groups();
   c10::optional<c10::Device> device;
   for (size_t g = 0; g < groups.size(); ++g) {
-    // Householder's QR (cuSOLVER through torch.linalg.qr) captures; Cholesky QR2 reads on the
-    // host which factorizations failed, once per step, and a capture cannot synchronize.
-    TORCH_CHECK(groups[g].options.algorithm != Algorithm::Dion || groups[g].options.dion_qr != DionQr::Cholesky ||
-                    groups[g].params.empty(),
-                "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky', whose step synchronizes "
-                "with the host (it reads which factorizations failed) and cannot be captured in a CUDA graph; use "
-                "dion_qr 'householder', or keep the group in a separate eager optimizer");
+    check_group_capturable(groups[g], g);
     for (size_t i = 0; i < groups[g].params.size(); ++i) {
       const at::Tensor& p = groups[g].params[i];
       TORCH_CHECK(p.is_cuda(), "CudaGraphOptimizer: CUDA graphs need the parameters on a CUDA device, but ",

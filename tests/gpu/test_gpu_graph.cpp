@@ -325,6 +325,18 @@ TEST_F(GpuGraph, DionCholeskyAndCpuParametersAreRefused) {
   std::string err = error_of([&] { CudaGraphOptimizer g(opt); });
   EXPECT_NE(err.find("dion_qr 'cholesky'"), std::string::npos) << err;
 
+  // Switched to cholesky during the warm-up: refused at the capture, before anything is captured.
+  Optimizer householder(make_groups({{Algorithm::Dion, {{32, 48}}}}, 19));
+  CudaGraphOptimizer warm(householder, 1);
+  fill_grads({&householder}, 0);
+  warm.step();  // the warm-up step
+  GroupOptions switched = householder.param_groups()[0].options;
+  switched.dion_qr = orthopt::DionQr::Cholesky;
+  householder.set_group_options(0, switched);
+  err = error_of([&] { warm.step(); });
+  EXPECT_NE(err.find("dion_qr 'cholesky'"), std::string::npos) << err;
+  EXPECT_FALSE(warm.captured());
+
   ParamGroup cpu;
   cpu.params.push_back(at::randn({8, 8}));
   cpu.names.push_back("w_cpu");
