@@ -147,25 +147,28 @@ def test_state_dict_round_trip_continues_bit_identically(cls):
     _expect_round_trip_continues(factory, a, _run(factory, a, 3), 3)
 
 
-def test_dion3_banked_state_is_live_and_round_trips(monkeypatch):
-    """Dion3 per bank (the GPU default; ORTHOPT_CPU_BANKS=1 here) moves a bank's momenta into one
-    buffer on its first step: opt.state must follow (the live tensors, not the pre-move ones),
-    and a state_dict round trip must continue bit-identically."""
+@pytest.mark.parametrize("name,keys", [("Dion3", ["momentum"]), ("Dion", ["momentum", "Q"])])
+def test_banked_state_is_live_and_round_trips(monkeypatch, name, keys):
+    """Dion3 and Dion per bank (the GPU default; ORTHOPT_CPU_BANKS=1 here) move a bank's momenta
+    (and Dion's Q) into one buffer on their first step: opt.state must follow (the live tensors,
+    not the pre-move ones), and a state_dict round trip must continue bit-identically."""
     monkeypatch.setenv("ORTHOPT_CPU_BANKS", "1")
 
     def factory(ps):
-        return orthopt.Dion3(ps, lr=0.02)
+        return getattr(orthopt, name)(ps, lr=0.02)
 
     a = make_params([(12, 20), (12, 20), (12, 20)], seed=6, dtype=torch.float32)
     opt_a = _run(factory, a, 2)
-    for g, p in enumerate(a):
-        live = opt_a._cpp.param_state(0, g)["momentum"]
-        assert opt_a.state[p]["momentum"].data_ptr() == live.data_ptr()
-    m0, m2 = opt_a.state[a[0]]["momentum"], opt_a.state[a[2]]["momentum"]
-    assert m2.data_ptr() - m0.data_ptr() == 2 * m0.numel() * m0.element_size()  # one buffer
-    before = opt_a.state[a[1]]["momentum"].clone()
+    for key in keys:
+        for g, p in enumerate(a):
+            live = opt_a._cpp.param_state(0, g)[key]
+            assert opt_a.state[p][key].data_ptr() == live.data_ptr()
+        m0, m2 = opt_a.state[a[0]][key], opt_a.state[a[2]][key]
+        assert m2.data_ptr() - m0.data_ptr() == 2 * m0.numel() * m0.element_size()  # one buffer
+    before = {key: opt_a.state[a[1]][key].clone() for key in keys}
     _expect_round_trip_continues(factory, a, opt_a, 2)
-    assert not torch.equal(opt_a.state[a[1]]["momentum"], before)  # opt.state shows the steps
+    for key in keys:
+        assert not torch.equal(opt_a.state[a[1]][key], before[key])  # opt.state shows the steps
 
 
 def test_load_state_dict_mismatch_raises_and_changes_nothing():
