@@ -866,7 +866,10 @@ class OptimizerImpl {
     std::vector<at::Tensor> Qs(bks.size());
     for (size_t bi = 0; bi < bks.size(); ++bi) {
       const Bank& b = bks[bi];
-      Qs[bi] = owned_bank(g, b, "Q", b.cols, optim_detail::dion_rank(o.rank_fraction, b.rows, b.cols), at::kFloat);
+      // Q is fp32 [..., n, r] for every param (state_specs(); loads are converted to it).
+      const int64_t r = state_of(g, b.params[0]).at("Q").size(-1);
+      Qs[bi] = owned_bank(g, b, "Q", b.cols, r, at::kFloat);
+      TORCH_INTERNAL_ASSERT(Qs[bi].defined(), "Dion's Q is not fp32");
     }
     // The bank's momenta: a view of the state when it lives in one buffer of the work dtype
     // (never written through unless owned), else stacked.
