@@ -949,29 +949,17 @@ class OptimizerImpl {
       const auto& p = groups[g].params[i];
       return (state_of(g, i).at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(matrix_sizes(p, o));
     };
-    // The orthonormalized P of every active parameter. Cholesky: all of them first, the
-    // matrices of one shape stacked into one batched Cholesky QR (one by one, each small
-    // factorization is latency-bound on a GPU); then one host synchronization reads which
-    // parameters had a failed factorization, and those take the Householder QR.
+    // The orthonormalized P of every active parameter. Cholesky: all of them first, then one
+    // host synchronization reads which parameters had a failed factorization, and those take
+    // the Householder QR. (Per parameter: stacking same-shaped ones is the bank path's job.)
     std::vector<at::Tensor> P(idx.size());
     if (o.dion_qr == DionQr::Cholesky && !idx.empty()) {
       std::vector<at::Tensor> raw(idx.size()), ok(idx.size());
-      std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;  // (m, r) -> j
       for (size_t j = 0; j < idx.size(); ++j) {
         raw[j] = optim_detail::dion_power(momentum_of(idx[j]), state_of(g, idx[j]).at("Q"));
-        by_shape[{raw[j].size(-2), raw[j].size(-1)}].push_back(j);
-      }
-      for (const auto& [shape, js] : by_shape) {
-        std::vector<at::Tensor> flat;
-        for (size_t j : js) flat.push_back(raw[j].reshape({-1, shape.first, shape.second}));
-        const auto q = optim_detail::cholesky_qr2_q(flat.size() == 1 ? flat[0] : at::cat(flat));
-        int64_t offset = 0;
-        for (size_t j = 0; j < js.size(); ++j) {
-          const int64_t n = flat[j].size(0);
-          P[js[j]] = q.Q.narrow(0, offset, n).reshape(raw[js[j]].sizes());
-          ok[js[j]] = q.ok.narrow(0, offset, n).all();
-          offset += n;
-        }
+        const auto q = optim_detail::cholesky_qr2_q(raw[j]);
+        P[j] = q.Q;
+        ok[j] = q.ok.all();
       }
       const at::Tensor ok_host = at::stack(ok).to(at::kCPU);  // the one sync
       for (size_t j = 0; j < idx.size(); ++j)
