@@ -193,8 +193,7 @@ int run_step(const StepArgs& a) {
       Named graph_named;
       std::unique_ptr<Optimizer> graph_opt;
       std::unique_ptr<CudaGraphOptimizer> graph;
-      // Dion with the Cholesky QR is not captured (CudaGraphOptimizer refuses it: docs/cuda_graph.md).
-      if (device.is_cuda() && a.graph && qr != "cholesky") {
+      if (device.is_cuda() && a.graph) {
         graph_named = param_set(set, device);
         graph_opt = std::make_unique<Optimizer>(route_params(graph_named, routing));
         graph = std::make_unique<CudaGraphOptimizer>(*graph_opt, /*warmup_steps=*/2);

@@ -75,7 +75,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {"spike_sigma", Kind::Double, "spike guard threshold in standard deviations"},
       {"device", Kind::String, "auto, cpu or cuda"},
       {"bf16", Kind::Bool, "bf16 autocast on CUDA (true/false)"},
-      {"cuda_graph", Kind::Bool, "replay the optimizer step as a CUDA graph after 10 eager steps (CUDA, one process; not dion with dion_qr cholesky)"},
+      {"cuda_graph", Kind::Bool, "replay the optimizer step as a CUDA graph after 10 eager steps (CUDA, one process)"},
       {"deterministic", Kind::Bool, "deterministic kernels (torch's strict mode): bit-reproducible CUDA runs, slower"},
       {"log_every", Kind::Int, "log line interval when stdout is not a terminal"},
       {"progress", Kind::String, "progress bar: auto, on, off"},

@@ -97,6 +97,16 @@ class Optimizer {
   // One step over every parameter that has a gradient (params with undefined grad are
   // skipped). Same-shaped matrices in a group are orthogonalized in one batched call.
   void step();
+  // step() in its two parts, for a CUDA graph (CudaGraphOptimizer captures enqueue_step() and
+  // calls finish_step() after each replay). enqueue_step() queues the step on the device
+  // without a host synchronization, except on the per-parameter reference paths of Dion with
+  // dion_qr = cholesky (the CPU; ORTHOPT_GPU_KERNELS=0). finish_step() does what needs the
+  // host: where Dion's Cholesky QR2 failed in a bank (which enqueue_step() then left as it
+  // was), one synchronization reads it and the bank's params take their step through the
+  // reference path, with the Householder QR for the failed matrices. Without such banks
+  // finish_step() returns at once.
+  void enqueue_step();
+  void finish_step();
   void zero_grad(bool set_to_none = true);
 
   const std::vector<ParamGroup>& param_groups() const;

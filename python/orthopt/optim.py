@@ -273,8 +273,8 @@ class Dion(_OrthoptOptimizer):
     ``dion_qr="cholesky"`` orthonormalizes P by Cholesky QR2 in fp64 (Householder where a
     factorization fails) instead of the default fp32 Householder QR: the same updates to fp32
     precision, several times faster on a GPU (docs/optimizers.md). ``CudaGraphOptimizer``
-    captures Dion with the Householder QR; the Cholesky option synchronizes once per step
-    and is refused there.
+    captures both; with ``cholesky`` one host synchronization per step (after the replay)
+    reads whether a factorization failed.
     """
 
     _defaults = dict(algorithm="dion")

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/torch_version.h"
+#include "orthopt/runtime.h"
 
 // torch >= 2.1: CUDAGraph::capture_begin takes the capture mode.
 #define ORTHOPT_GRAPH_CAPTURE_MODE ORTHOPT_TORCH_AT_LEAST(2, 1)
@@ -39,15 +40,17 @@ namespace orthopt {
 
 namespace {
 
-// Refuses a group whose step cannot be captured: Dion with the Cholesky QR2 reads on the host
-// which factorizations failed, once per step (Householder's QR, cuSOLVER through
-// torch.linalg.qr, captures). Checked at construction and again at the capture, since the
-// option may be changed during the warm-up.
+// Refuses a group whose step cannot be captured: Dion with the Cholesky QR2 on its per-parameter
+// reference path (ORTHOPT_GPU_KERNELS=0), which reads on the host which factorizations failed
+// in the middle of the step. (Its bank path, the default, captures: it leaves that check to
+// Optimizer::finish_step(), which runs after each replay.) Checked at construction and again
+// at the capture, since the option and the variable may change during the warm-up.
 void check_group_capturable(const ParamGroup& group, size_t g) {
   TORCH_CHECK(group.options.algorithm != Algorithm::Dion || group.options.dion_qr != DionQr::Cholesky ||
-                  group.params.empty(),
-              "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky', whose step synchronizes "
-              "with the host (it reads which factorizations failed) and cannot be captured in a CUDA graph; use "
+                  group.params.empty() || gpu_kernels_enabled(),
+              "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0: "
+              "that per-parameter reference path synchronizes with the host in the middle of the step (it reads "
+              "which factorizations failed) and cannot be captured in a CUDA graph; unset ORTHOPT_GPU_KERNELS, use "
               "dion_qr 'householder', or keep the group in a separate eager optimizer");
 }
 
@@ -286,7 +289,7 @@ struct CudaGraphOptimizer::Impl {
         return;
       }
       try {
-        opt.step();
+        opt.enqueue_step();  // finish_step(), the host part, after each replay
       } catch (const c10::Error& e) {
         failure = e.what_without_backtrace();
       } catch (const std::exception& e) {
@@ -315,6 +318,7 @@ struct CudaGraphOptimizer::Impl {
     }
     graph = std::move(g);
     graph->replay();  // the capture itself executed nothing
+    opt.finish_step();
   }
 
   void step() {
@@ -322,6 +326,7 @@ struct CudaGraphOptimizer::Impl {
     if (graph) {
       check_unchanged();
       graph->replay();
+      opt.finish_step();
       return;
     }
     if (eager < warmup || !state_ready()) {

@@ -354,6 +354,17 @@ class OptimizerImpl {
   int64_t state_version = 0;                  // see Optimizer::state_version()
   int64_t dion_qr_fallbacks = 0;              // see Optimizer::dion_qr_fallbacks()
   at::Tensor keep;                            // skip_factor != 0, valid during step()
+  // A bank of Dion with dion_qr = cholesky, stepped only where every factorization in it
+  // succeeded (`ok`, 0-d bool on the device; else its params and state are left as they were).
+  // finish_step() reads `ok` and steps a failed bank's params again through
+  // step_dion_reference(). Made by enqueue_step(); in a CUDA graph, the tensors the replays
+  // write.
+  struct PendingDionBank {
+    size_t g;
+    std::vector<size_t> params;
+    at::Tensor ok;
+  };
+  std::vector<PendingDionBank> pending_dion;
 
   explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
     c10::optional<c10::Device> device;
@@ -382,9 +393,14 @@ class OptimizerImpl {
     steps = at::zeros({}, opts.dtype(at::kLong));
   }
 
+  // The skip flag of this step, undefined when there is no skip gating.
+  at::Tensor keep_flag() const { return skip_active ? keep : at::Tensor(); }
+
   // `value`, or `old` where this step is skipped: what commit() writes.
-  at::Tensor gated(const at::Tensor& value, const at::Tensor& old) const {
-    return skip_active ? at::where(keep, value, old) : value;
+  at::Tensor gated(const at::Tensor& value, const at::Tensor& old) const { return gated(value, old, keep_flag()); }
+  // `value`, or `old` where `gate` (0-d bool; undefined: no gating) is false.
+  static at::Tensor gated(const at::Tensor& value, const at::Tensor& old, const at::Tensor& gate) {
+    return gate.defined() ? at::where(gate, value, old) : value;
   }
 
   // Writes `value` into `dst` unless this step is skipped (then dst stays bit-identical).
@@ -395,7 +411,11 @@ class OptimizerImpl {
   // the same bits), then one copy per param.
   void commit_bank(const Bank& b, const std::vector<at::Tensor>& dsts, const at::Tensor& value,
                    const at::Tensor& old) {
-    const at::Tensor v = gated(value, old);
+    commit_bank(b, dsts, value, old, keep_flag());
+  }
+  void commit_bank(const Bank& b, const std::vector<at::Tensor>& dsts, const at::Tensor& value,
+                   const at::Tensor& old, const at::Tensor& gate) {
+    const at::Tensor v = gated(value, old, gate);
     for (size_t j = 0; j < dsts.size(); ++j) dsts[j].copy_(b.slice(v, j).reshape(dsts[j].sizes()));
   }
 
@@ -481,9 +501,14 @@ class OptimizerImpl {
   }
 
   // write_weights() for a bank: W_new [B, rows, cols] gated once against W_old (the weights
-  // stacked), then per param one copy (and the parameter's copy of its master weights).
+  // stacked; by `gate`, the skip flag by default), then per param one copy (and the
+  // parameter's copy of its master weights).
   void write_weights_bank(size_t g, const Bank& b, const at::Tensor& W_new, const at::Tensor& W_old) {
-    const at::Tensor v = gated(W_new, W_old);
+    write_weights_bank(g, b, W_new, W_old, keep_flag());
+  }
+  void write_weights_bank(size_t g, const Bank& b, const at::Tensor& W_new, const at::Tensor& W_old,
+                          const at::Tensor& gate) {
+    const at::Tensor v = gated(W_new, W_old, gate);
     for (size_t j = 0; j < b.params.size(); ++j) {
       const size_t i = b.params[j];
       at::Tensor p = groups[g].params[i].detach();
@@ -853,80 +878,58 @@ class OptimizerImpl {
   // Per bank: step_dion_reference()'s operations on [B, m, n] stacks (on a GPU the per-parameter
   // step is launch-bound: about ten small operations per parameter), so each matrix gets the
   // same values. Momenta and Q live in one buffer per bank and are updated in place
-  // (owned_bank()). With `cholesky` the decision stays per parameter, as in the reference: one
-  // host synchronization for the whole group, and a parameter whose factorization failed takes
-  // the Householder QR of its own slice of P.
+  // (owned_bank()). No host synchronization, also with `cholesky`: a bank is stepped only if
+  // every factorization in it succeeded (a device-side gate, beside the skip flag), and
+  // finish_step() steps a bank where one failed again through the reference path, from its
+  // untouched state, which then takes the Householder QR for the failed matrices.
   void step_dion_banks(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
     const auto& o = groups[g].options;
     const auto& params = groups[g].params;
-    const std::vector<Bank> bks = banks(g, idx);
 #ifdef ORTHOPT_WITH_CUDA
     const bool kernels = fused(g, idx);  // the weights through the multi-tensor update kernel
 #endif
-    std::vector<at::Tensor> Qs(bks.size());
-    for (size_t bi = 0; bi < bks.size(); ++bi) {
-      const Bank& b = bks[bi];
+    for (const Bank& b : banks(g, idx)) {
       // Q is fp32 [..., n, r] for every param (state_specs(); loads are converted to it).
       const int64_t r = state_of(g, b.params[0]).at("Q").size(-1);
-      Qs[bi] = owned_bank(g, b, "Q", b.cols, r, at::kFloat);
-      TORCH_INTERNAL_ASSERT(Qs[bi].defined(), "Dion's Q is not fp32");
-    }
-    // The bank's momenta: a view of the state when it lives in one buffer of the work dtype
-    // (never written through unless owned), else stacked.
-    auto momenta_of = [&](const Bank& b, bool& owned) {
-      at::Tensor M = owned_bank(g, b, "momentum", b.cols, b.dtype);
-      owned = M.defined();
-      return owned ? M : stack_bank(bank_state(g, b, "momentum"), b.rows, b.cols, b.dtype);
-    };
-    // M = momentum + G [B, m, n], formed again where it is used (see step_dion_reference()).
-    auto bank_M = [&](const Bank& b, const at::Tensor& momenta) {
+      const at::Tensor Q = owned_bank(g, b, "Q", b.cols, r, at::kFloat);
+      TORCH_INTERNAL_ASSERT(Q.defined(), "Dion's Q is not fp32");
+      // The momenta: a view of the state when it lives in one buffer of the work dtype, else
+      // stacked (and written back per param).
+      const at::Tensor owned_momenta = owned_bank(g, b, "momentum", b.cols, b.dtype);
+      const at::Tensor momenta = owned_momenta.defined()
+                                     ? owned_momenta
+                                     : stack_bank(bank_state(g, b, "momentum"), b.rows, b.cols, b.dtype);
       std::vector<at::Tensor> grads;
       for (size_t i : b.params) grads.push_back(params[i].grad().detach());
-      return momenta + stack_bank(grads, b.rows, b.cols, b.dtype);
-    };
-    std::vector<at::Tensor> P(bks.size());
-    if (o.dion_qr == DionQr::Cholesky) {
-      std::vector<at::Tensor> raw(bks.size()), ok;
-      for (size_t bi = 0; bi < bks.size(); ++bi) {
-        const Bank& b = bks[bi];
-        bool owned = false;
-        raw[bi] = optim_detail::dion_power(bank_M(b, momenta_of(b, owned)), Qs[bi]);
-        const auto q = optim_detail::cholesky_qr2_q(raw[bi]);
-        P[bi] = q.Q;
-        for (size_t j = 0; j < b.params.size(); ++j) ok.push_back(b.slice(q.ok, j).all());
-      }
-      const at::Tensor ok_host = at::stack(ok).to(at::kCPU);  // the one sync
-      size_t k = 0;
-      for (size_t bi = 0; bi < bks.size(); ++bi)
-        for (size_t j = 0; j < bks[bi].params.size(); ++j, ++k)
-          if (!ok_host[static_cast<int64_t>(k)].item<bool>()) {
-            bks[bi].slice(P[bi], j).copy_(optim_detail::householder_q(bks[bi].slice(raw[bi], j)));
-            ++dion_qr_fallbacks;
-          }
-    }
-    for (size_t bi = 0; bi < bks.size(); ++bi) {
-      const Bank& b = bks[bi];
-      bool owned = false;
-      const at::Tensor momenta = momenta_of(b, owned);
-      const at::Tensor M = bank_M(b, momenta);
-      if (!P[bi].defined()) P[bi] = optim_detail::householder_q(optim_detail::dion_power(M, Qs[bi]));
-      auto r = optim_detail::dion_finish(M, P[bi], o.momentum, o.eps);
-      if (owned) {
-        momenta.copy_(gated(r.momentum, momenta));
+      const at::Tensor M = momenta + stack_bank(grads, b.rows, b.cols, b.dtype);  // momentum + G [B, m, n]
+      const at::Tensor raw = optim_detail::dion_power(M, Q);
+      at::Tensor P, gate = keep_flag();
+      if (o.dion_qr == DionQr::Cholesky) {
+        const auto q = optim_detail::cholesky_qr2_q(raw);
+        P = q.Q;
+        const at::Tensor ok = q.ok.all();
+        pending_dion.push_back({g, b.params, ok});
+        gate = gate.defined() ? gate.logical_and(ok) : ok;
       } else {
-        commit_bank(b, bank_state(g, b, "momentum"), r.momentum, momenta);
+        P = optim_detail::householder_q(raw);
       }
-      Qs[bi].copy_(gated(r.Q, Qs[bi]));
+      auto res = optim_detail::dion_finish(M, P, o.momentum, o.eps);
+      if (owned_momenta.defined()) {
+        momenta.copy_(gated(res.momentum, momenta, gate));
+      } else {
+        commit_bank(b, bank_state(g, b, "momentum"), res.momentum, momenta, gate);
+      }
+      Q.copy_(gated(res.Q, Q, gate));
       const double factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
-      if (kernels) {  // r.direction is fp32, the reference's direction in the work dtype
+      if (kernels) {  // res.direction is fp32, the reference's direction in the work dtype
         std::vector<at::Tensor> weights, copies, directions;
         for (size_t j = 0; j < b.params.size(); ++j) {
           add_weights(g, b.params[j], weights, copies);
-          directions.push_back(b.slice(r.direction, j).reshape(params[b.params[j]].sizes()));
+          directions.push_back(b.slice(res.direction, j).reshape(params[b.params[j]].sizes()));
         }
         cuda::update(weights, directions, copies, std::vector<double>(weights.size(), factor), lr, o.weight_decay,
-                     o.cautious_weight_decay, keep_flag());
+                     o.cautious_weight_decay, gate);
         continue;
       }
 #endif
@@ -934,9 +937,29 @@ class OptimizerImpl {
       for (size_t i : b.params) storage.push_back(weight_storage(g, i));
       const at::Tensor W_old = stack_bank(storage, b.rows, b.cols, b.dtype);
       write_weights_bank(g, b,
-                         optim_detail::decoupled_update(W_old, r.direction.to(b.dtype), lr, lr * factor,
+                         optim_detail::decoupled_update(W_old, res.direction.to(b.dtype), lr, lr * factor,
                                                         o.weight_decay, o.cautious_weight_decay),
-                         W_old);
+                         W_old, gate);
+    }
+  }
+
+  // The host part of a step (Optimizer::finish_step()): the Dion banks whose Cholesky QR2
+  // failed somewhere (step_dion_banks() left them as they were) take their step now, through
+  // the reference path. One synchronization, only when there are such banks to check.
+  void finish_step() {
+    if (pending_dion.empty()) return;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> flags;
+    for (const auto& pb : pending_dion) flags.push_back(pb.ok);
+    if (skip_active) flags.push_back(keep);
+    const at::Tensor host = at::stack(flags).to(at::kCPU);  // the one sync
+    if (skip_active && !host[static_cast<int64_t>(pending_dion.size())].item<bool>()) return;  // skipped step
+    const at::Tensor scale = lr_scale.to(at::kDouble);
+    for (size_t k = 0; k < pending_dion.size(); ++k) {
+      if (host[static_cast<int64_t>(k)].item<bool>()) continue;
+      const auto& pb = pending_dion[k];
+      step_dion_reference(pb.g, pb.params, scale * groups[pb.g].options.lr);
+      pb.ok.fill_(true);  // done: a second call steps nothing (a graph's next replay sets it again)
     }
   }
 
@@ -1045,8 +1068,6 @@ class OptimizerImpl {
     }
     return true;
   }
-
-  at::Tensor keep_flag() const { return skip_active ? keep : at::Tensor(); }
 
   // What the update kernels write, as weights()/write_weights(): the fp32 master and the
   // parameter as its copy, or the parameter itself (no copy).
@@ -1196,9 +1217,11 @@ class OptimizerImpl {
   }
 #endif  // ORTHOPT_WITH_CUDA
 
-  void step() {
+  // Optimizer::enqueue_step(): the whole step but finish_step()'s part.
+  void enqueue_step() {
     at::NoGradGuard no_grad;
     q_cache.q.reset();
+    pending_dion.clear();
     if (skip_active) keep = skip_factor != 0;
     // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
     const at::Tensor scale = lr_scale.to(at::kDouble);
@@ -1264,7 +1287,12 @@ Optimizer::~Optimizer() = default;
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-void Optimizer::step() { impl_->step(); }
+void Optimizer::step() {
+  impl_->enqueue_step();
+  impl_->finish_step();
+}
+void Optimizer::enqueue_step() { impl_->enqueue_step(); }
+void Optimizer::finish_step() { impl_->finish_step(); }
 
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& g : impl_->groups)

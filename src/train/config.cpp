@@ -178,9 +178,6 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.spike_sigma > 0.0, "spike_sigma: must be > 0, got ", c.spike_sigma);
   TORCH_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device: must be auto, cpu or cuda, got '", c.device, "'");
   TORCH_CHECK(!c.cuda_graph || c.device != "cpu", "cuda_graph: needs a CUDA device, but device is 'cpu'");
-  TORCH_CHECK(!c.cuda_graph || c.algorithm != "dion" || c.dion_qr != "cholesky",
-              "cuda_graph: dion with dion_qr 'cholesky' cannot be captured (its step reads on the host which "
-              "factorizations failed); use dion_qr householder, or leave cuda_graph off");
   TORCH_CHECK(c.log_every >= 1, "log_every: must be >= 1, got ", c.log_every);
   TORCH_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off", "progress: must be auto, on or off, got '", c.progress, "'");
 }

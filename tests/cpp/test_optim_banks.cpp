@@ -426,4 +426,61 @@ TEST_F(OptimBanks, DionCholeskyFallbackInABankBitForBit) {
   EXPECT_EQ(batched.dion_qr_fallbacks(), 1);
   EXPECT_EQ(reference.dion_qr_fallbacks(), 1);
 }
+
+// The same failure, step by step through step()'s two parts (the CUDA graph captures the first):
+// enqueue_step() leaves the failed bank (params 0-2, the four 12×10 matrices) exactly as it was
+// and steps the other (param 3); finish_step() then steps the failed bank as the reference path
+// does. A skipped step (skip factor 0) changes nothing and falls back nowhere.
+TEST_F(OptimBanks, DionCholeskyFailedBankIsSteppedByFinishStep) {
+  const std::vector<GroupSpec> specs = {{Algorithm::Dion, {{{12, 10}}, {{12, 10}}, {{2, 12, 10}}, {{9, 14}}},
+                                         [](GroupOptions& o) {
+                                           o.rank_fraction = 0.5;
+                                           o.dion_qr = orthopt::DionQr::Cholesky;
+                                         }}};
+  const auto groups = make_groups(specs);
+  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  fill_grads(specs, {&batched, &reference}, 0, false);
+  batched.step();
+  {
+    ReferencePath on;
+    reference.step();
+  }
+  for (Optimizer* o : {&batched, &reference}) {  // param 1's Q gets a zero column: its P is rank-deficient
+    std::vector<std::vector<Optimizer::StateDict>> states(1);
+    for (size_t i = 0; i < 4; ++i) {
+      Optimizer::StateDict st;
+      for (const auto& [k, t] : o->param_state(0, i)) st[k] = t.clone();
+      if (i == 1) st["Q"].select(1, 2).zero_();
+      states[0].push_back(st);
+    }
+    o->load_param_states(states);
+  }
+  const at::Tensor zero = at::zeros({});
+  for (Optimizer* o : {&batched, &reference}) o->set_skip_factor(zero);
+  fill_grads(specs, {&batched, &reference}, 1, false);
+  const auto before = snapshot(batched);
+  batched.step();
+  EXPECT_EQ(first_difference(snapshot(batched), before), "") << "a skipped step changed something";
+  EXPECT_EQ(batched.dion_qr_fallbacks(), 0);
+
+  for (Optimizer* o : {&batched, &reference}) o->set_skip_factor(at::ones({}));
+  batched.enqueue_step();
+  const auto enqueued = snapshot(batched);
+  for (size_t k = 0; k < enqueued.size(); ++k) {
+    const bool failed_bank = enqueued[k].first.rfind("g0_p3", 0) != 0;
+    EXPECT_EQ(at::equal(enqueued[k].second, before[k].second), failed_bank) << enqueued[k].first;
+  }
+  EXPECT_EQ(batched.dion_qr_fallbacks(), 0);
+  batched.finish_step();
+  {
+    ReferencePath on;
+    reference.step();
+  }
+  EXPECT_EQ(first_difference(snapshot(batched), snapshot(reference)), "");
+  EXPECT_EQ(batched.dion_qr_fallbacks(), 1);
+  EXPECT_EQ(reference.dion_qr_fallbacks(), 1);
+  batched.finish_step();  // a second call does not step the bank again
+  EXPECT_EQ(batched.dion_qr_fallbacks(), 1);
+  EXPECT_EQ(first_difference(snapshot(batched), snapshot(reference)), "");
+}
 }  // namespace

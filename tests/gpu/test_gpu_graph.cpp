@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -318,23 +319,54 @@ TEST_F(GpuGraph, ReplacedStateIsRefused) {
   EXPECT_NE(err.find("state was replaced"), std::string::npos) << err;
 }
 
-TEST_F(GpuGraph, DionCholeskyAndCpuParametersAreRefused) {
+// Dion with dion_qr = cholesky captures: its host part (Optimizer::finish_step()) runs after each
+// replay. At one replay a parameter's Q gets a zero column (in place, in both optimizers), so the
+// factorization of its bank fails: the replay leaves that bank as it was, and finish_step()
+// steps it through the reference path with the Householder QR for that matrix, as the eager
+// step does.
+TEST_F(GpuGraph, DionCholeskyReplayWithAFallbackBitIdenticalToEager) {
+  auto cholesky = [](std::vector<ParamGroup> groups) {
+    for (auto& g : groups)
+      if (g.options.algorithm == Algorithm::Dion) g.options.dion_qr = orthopt::DionQr::Cholesky;
+    return groups;
+  };
+  Optimizer eager(cholesky(make_groups(dion_specs(), 21)));
+  Optimizer graphed_opt(cholesky(make_groups(dion_specs(), 21)));
+  const int warmup = 2, steps = 8, failing = 5;
+  CudaGraphOptimizer graphed(graphed_opt, warmup);
+  for (int t = 0; t < steps; ++t) {
+    if (t == failing)
+      for (Optimizer* o : {&eager, &graphed_opt}) o->param_state(0, 1).at("Q").select(1, 2).zero_();
+    fill_grads({&eager, &graphed_opt}, 60 + t);
+    eager.step();
+    graphed.step();
+    EXPECT_EQ(graphed.captured(), t >= warmup) << "step " << t;
+    const std::string diff = first_mismatch(eager, graphed_opt);
+    ASSERT_EQ(diff, "") << "step " << t << (t >= warmup ? " (replay)" : " (eager warm-up)") << ": differs at " << diff;
+    EXPECT_EQ(graphed_opt.dion_qr_fallbacks(), t >= failing ? 1 : 0) << "step " << t;
+  }
+  EXPECT_EQ(eager.dion_qr_fallbacks(), 1);
+}
+
+// Refused: Dion cholesky on its per-parameter reference path (ORTHOPT_GPU_KERNELS=0 at
+// construction, or set during the warm-up: then at the capture, before anything is captured),
+// and CPU parameters.
+TEST_F(GpuGraph, DionCholeskyReferencePathAndCpuParametersAreRefused) {
   auto dion = make_groups({{Algorithm::Dion, {{32, 48}}}}, 18);
   dion[0].options.dion_qr = orthopt::DionQr::Cholesky;
   Optimizer opt(std::move(dion));
+  setenv("ORTHOPT_GPU_KERNELS", "0", 1);
   std::string err = error_of([&] { CudaGraphOptimizer g(opt); });
-  EXPECT_NE(err.find("dion_qr 'cholesky'"), std::string::npos) << err;
+  unsetenv("ORTHOPT_GPU_KERNELS");
+  EXPECT_NE(err.find("dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0"), std::string::npos) << err;
 
-  // Switched to cholesky during the warm-up: refused at the capture, before anything is captured.
-  Optimizer householder(make_groups({{Algorithm::Dion, {{32, 48}}}}, 19));
-  CudaGraphOptimizer warm(householder, 1);
-  fill_grads({&householder}, 0);
-  warm.step();  // the warm-up step
-  GroupOptions switched = householder.param_groups()[0].options;
-  switched.dion_qr = orthopt::DionQr::Cholesky;
-  householder.set_group_options(0, switched);
+  CudaGraphOptimizer warm(opt, 1);  // the bank path: accepted
+  fill_grads({&opt}, 0);
+  setenv("ORTHOPT_GPU_KERNELS", "0", 1);
+  warm.step();  // the warm-up step, on the reference path
   err = error_of([&] { warm.step(); });
-  EXPECT_NE(err.find("dion_qr 'cholesky'"), std::string::npos) << err;
+  unsetenv("ORTHOPT_GPU_KERNELS");
+  EXPECT_NE(err.find("dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0"), std::string::npos) << err;
   EXPECT_FALSE(warm.captured());
 
   ParamGroup cpu;
