@@ -39,6 +39,7 @@ struct StepArgs {
   bool graph = true;
   std::optional<double> gram_aspect_threshold;  // unset: the optimizers' default
   std::vector<std::string> dion_qr = {"householder"};  // dion: one row per orthonormalization
+  bool tf32 = false;  // torch's TF32 switch for fp32 cuBLAS products (Dion's are fp32)
   std::string json;
 };
 
@@ -143,6 +144,14 @@ int run_step(const StepArgs& a) {
   if (device.is_cuda() && !at::hasCUDA())
     throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
   at::manual_seed(0);
+  // What a user's torch.backends.cuda.matmul.allow_tf32 = True does to our step: fp32 products
+  // (Dion's four, the fp32 peers') on the tensor cores with TF32 inputs. Restored at the end.
+  const bool tf32_before = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(a.tf32);
+  struct RestoreTf32 {
+    bool before;
+    ~RestoreTf32() { at::globalContext().setAllowTF32CuBLAS(before); }
+  } restore_tf32{tf32_before};
   nlohmann::json rows = nlohmann::json::array();
   std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms",
                            "max ms", "host ms");
@@ -182,7 +191,8 @@ int run_step(const StepArgs& a) {
       Optimizer opt(route_params(named, routing));
       const std::string ours =
           "orthopt " + alg + (qr.empty() ? "" : " (" + qr + " QR)") +
-          (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") + " + AdamW";
+          (a.gram_aspect_threshold ? fmt::format(" (gram>={:g})", *a.gram_aspect_threshold) : "") +
+          (a.tf32 ? " (tf32)" : "") + " + AdamW";
       std::vector<std::string> names = {ours};
       std::vector<std::function<void()>> steps = {[&] { opt.step(); }};
       int warmup = a.warmup;
@@ -251,6 +261,8 @@ void register_bench_step(CLI::App& bench, Action& action) {
   step->add_option("--dion-qr", args->dion_qr, "dion's orthonormalizations timed: householder, cholesky")
       ->delimiter(',')->check(CLI::IsMember({"householder", "cholesky"}));
   step->add_flag("!--no-peer", args->peer, "skip the torch-native peers");
+  step->add_flag("--tf32", args->tf32,
+                 "allow TF32 in fp32 cuBLAS products, as torch.backends.cuda.matmul.allow_tf32 = True (Dion's)");
   step->add_flag("!--no-graph", args->graph, "on CUDA, skip timing the CUDA-graph replay of our step");
   step->add_option("--gram-aspect-threshold", args->gram_aspect_threshold,
                    "ortho method auto: Gram NS when cols >= this * rows (default: the optimizers' 1.5)")

@@ -1,7 +1,7 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
-[--algos=muon,dion3] [--top=N] [--host] [--graph]
+[--algos=muon,dion3] [--dion-qr=householder|cholesky] [--top=N] [--host] [--graph]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, the
 profiled steps' own event time and timeline (the time the GPU idled between kernels), and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
@@ -144,10 +144,12 @@ def kernel_class(name):
     return "elementwise/other (ATen)"
 
 
-def groups_for(algo, mats, others):
+def groups_for(algo, mats, others, dion_qr="householder"):
     matrix = dict(params=mats, algorithm=algo, lr=0.02, weight_decay=0.01)
     if algo == "dion3":
         matrix["fraction"] = 0.25
+    if algo == "dion":
+        matrix["dion_qr"] = dion_qr
     return [matrix, dict(params=others, algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)]
 
 
@@ -159,13 +161,14 @@ def main():
     top = int(flags.get("top", "14"))
     host = "--host" in sys.argv[1:]
     graph = "--graph" in sys.argv[1:]
+    dion_qr = flags.get("dion-qr", "householder")
     for name in sets:
         mats, others = param_set(name)
         for algo in algos:
-            opt = orthopt.Muon(groups_for(algo, mats, others))
+            opt = orthopt.Muon(groups_for(algo, mats, others, dion_qr))
             if graph:
                 g_mats, g_others = param_set(name)
-                g = orthopt.CudaGraphOptimizer(orthopt.Muon(groups_for(algo, g_mats, g_others)), warmup_steps=2)
+                g = orthopt.CudaGraphOptimizer(orthopt.Muon(groups_for(algo, g_mats, g_others, dion_qr)), warmup_steps=2)
                 for _ in range(3):  # two eager warm-up steps and the capture, before any timing
                     g.step()
                 eager_ms, graph_ms = round_robin_ms([opt.step, g.step], warmup=3, repeats=15)

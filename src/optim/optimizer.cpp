@@ -403,6 +403,17 @@ class OptimizerImpl {
     return gate.defined() ? at::where(gate, value, old) : value;
   }
 
+  // dst ← gated(value, dst, gate) in one pass where the dtypes agree (where() writing into dst,
+  // which is also its `old` operand: no temporary and no copy of a bank-sized tensor).
+  static void assign_gated_(const at::Tensor& dst, const at::Tensor& value, const at::Tensor& gate) {
+    if (gate.defined() && value.scalar_type() == dst.scalar_type() && value.sizes() == dst.sizes()) {
+      at::Tensor out = dst;
+      at::where_out(out, gate, value, dst);
+    } else {
+      dst.copy_(gated(value, dst, gate));
+    }
+  }
+
   // Writes `value` into `dst` unless this step is skipped (then dst stays bit-identical).
   void commit(at::Tensor& dst, const at::Tensor& value) { dst.copy_(gated(value, dst)); }
 
@@ -915,11 +926,11 @@ class OptimizerImpl {
       }
       auto res = optim_detail::dion_finish(M, P, o.momentum, o.eps);
       if (owned_momenta.defined()) {
-        momenta.copy_(gated(res.momentum, momenta, gate));
+        assign_gated_(momenta, res.momentum, gate);
       } else {
         commit_bank(b, bank_state(g, b, "momentum"), res.momentum, momenta, gate);
       }
-      Q.copy_(gated(res.Q, Q, gate));
+      assign_gated_(Q, res.Q, gate);
       const double factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
 #ifdef ORTHOPT_WITH_CUDA
       if (kernels) {  // res.direction is fp32, the reference's direction in the work dtype

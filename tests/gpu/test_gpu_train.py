@@ -83,11 +83,12 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, data):
 
 @pytest.mark.parametrize("algorithm,extra", [
     ("muon", []), ("normuon", []), ("dion3", []), ("adamw", []), ("lion", []),
-    ("muon", ["--n-experts", "4", "--top-k", "2"]),
-], ids=["muon", "normuon", "dion3", "adamw", "lion", "muon-moe"])
-# Not Dion: torch.linalg.qr's bits depend on the CUDA stream it runs on (docs/cuda_graph.md,
-# "Dion and streams"), and the graph is captured on a stream of torch's pool, not the eager
-# run's. test_dion_cuda_graph_run_repeats_and_tracks_eager_run checks what holds for Dion.
+    ("muon", ["--n-experts", "4", "--top-k", "2"]), ("dion", ["--dion-qr", "cholesky"]),
+], ids=["muon", "normuon", "dion3", "adamw", "lion", "muon-moe", "dion-cholesky"])
+# Not Dion with the Householder QR: torch.linalg.qr's bits depend on the CUDA stream it runs on
+# (docs/cuda_graph.md, "Dion and streams"), and the graph is captured on a stream of torch's pool,
+# not the eager run's. test_dion_cuda_graph_run_repeats_and_tracks_eager_run checks what holds
+# there. Dion's Cholesky QR2 takes no linalg.qr unless a factorization fails.
 def test_cuda_graph_run_equals_eager_run(tmp_path, data, algorithm, extra):
     common = ["--algorithm", algorithm, "--deterministic", "true", *extra]
     train(tmp_path / "eager", data, *common)
