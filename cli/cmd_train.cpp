@@ -77,6 +77,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {"bf16", Kind::Bool, "bf16 autocast on CUDA (true/false)"},
       {"cuda_graph", Kind::Bool, "replay the optimizer step as a CUDA graph after 10 eager steps (CUDA, one process)"},
       {"deterministic", Kind::Bool, "deterministic kernels (torch's strict mode): bit-reproducible CUDA runs, slower"},
+      {"tf32", Kind::Bool, "fp32 matmuls on CUDA with TF32 inputs, as torch's allow_tf32 (Dion's products; the model with --bf16 false)"},
       {"log_every", Kind::Int, "log line interval when stdout is not a terminal"},
       {"progress", Kind::String, "progress bar: auto, on, off"},
   };

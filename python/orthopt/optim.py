@@ -275,6 +275,11 @@ class Dion(_OrthoptOptimizer):
     precision, several times faster on a GPU (docs/optimizers.md). ``CudaGraphOptimizer``
     captures both; with ``cholesky`` one host synchronization per step (after the replay)
     reads whether a factorization failed.
+
+    Dion's four rectangular products (M·Q, Mᵀ·P, the error feedback, P·Qᵀ) are fp32 cuBLAS
+    products and follow torch's switch: with ``torch.backends.cuda.matmul.allow_tf32 = True``
+    (or ``torch.set_float32_matmul_precision("high")``) they take TF32 inputs on the tensor
+    cores, about twice as fast a step on an H200 (docs/optimizers.md); the QR stays fp32/fp64.
     """
 
     _defaults = dict(algorithm="dion")

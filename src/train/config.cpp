@@ -45,6 +45,7 @@ json to_json(const TrainConfig& c) {
       {"inject_nonfinite", c.inject_nonfinite}, {"max_nonfinite", c.max_nonfinite},
       {"stop_after", c.stop_after}, {"spike_window", c.spike_window}, {"spike_sigma", c.spike_sigma},
       {"device", c.device}, {"bf16", c.bf16}, {"cuda_graph", c.cuda_graph}, {"deterministic", c.deterministic},
+      {"tf32", c.tf32},
       {"log_every", c.log_every}, {"progress", c.progress},
   };
 }
@@ -130,6 +131,7 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "bf16", c.bf16, seen);
   read_key(j, "cuda_graph", c.cuda_graph, seen);
   read_key(j, "deterministic", c.deterministic, seen);
+  read_key(j, "tf32", c.tf32, seen);
   read_key(j, "log_every", c.log_every, seen);
   read_key(j, "progress", c.progress, seen);
   for (const auto& item : j.items())
@@ -178,6 +180,7 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.spike_sigma > 0.0, "spike_sigma: must be > 0, got ", c.spike_sigma);
   TORCH_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device: must be auto, cpu or cuda, got '", c.device, "'");
   TORCH_CHECK(!c.cuda_graph || c.device != "cpu", "cuda_graph: needs a CUDA device, but device is 'cpu'");
+  TORCH_CHECK(!c.tf32 || c.device != "cpu", "tf32: needs a CUDA device, but device is 'cpu'");
   TORCH_CHECK(c.log_every >= 1, "log_every: must be >= 1, got ", c.log_every);
   TORCH_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off", "progress: must be auto, on or off, got '", c.progress, "'");
 }
@@ -209,6 +212,7 @@ std::string config_sha256(const TrainConfig& c, const std::string& data_sha256) 
   // Added later: hashed only when set to something else than what runs before it computed, so
   // their checkpoints still resume.
   if (c.dion_qr == "householder") j.erase("dion_qr");
+  if (!c.tf32) j.erase("tf32");  // TF32 products compute other bits: a run resumes only as it began
   j["data_sha256"] = data_sha256;
   return sha256_hex(j.dump());  // nlohmann's object keys are sorted: canonical
 }

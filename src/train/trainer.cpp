@@ -120,6 +120,24 @@ class DeterministicKernels {
   bool prev_ = false, prev_warn_only_ = false;
 };
 
+// torch's TF32 switch for fp32 cuBLAS products for the duration of a run (`tf32`), restored after
+// it: what `torch.backends.cuda.matmul.allow_tf32 = True` does in a Python training script.
+class Tf32Products {
+ public:
+  explicit Tf32Products(bool on) : on_(on), prev_(at::globalContext().allowTF32CuBLAS()) {
+    if (on_) at::globalContext().setAllowTF32CuBLAS(true);
+  }
+  ~Tf32Products() {
+    if (on_) at::globalContext().setAllowTF32CuBLAS(prev_);
+  }
+  Tf32Products(const Tf32Products&) = delete;
+  Tf32Products& operator=(const Tf32Products&) = delete;
+
+ private:
+  bool on_;
+  bool prev_;
+};
+
 ModelConfig model_config_of(const TrainConfig& c) {
   ModelConfig m = model_preset(c.preset);
   if (c.context > 0) m.context = c.context;
@@ -203,6 +221,8 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   const c10::Device device = pick_device(c.device);
   TORCH_CHECK(!c.cuda_graph || device.is_cuda(), "cuda_graph: needs a CUDA device; device '", c.device,
               "' resolved to ", device);
+  TORCH_CHECK(!c.tf32 || device.is_cuda(), "tf32: needs a CUDA device; device '", c.device, "' resolved to ", device);
+  const Tf32Products tf32(c.tf32);
   TORCH_CHECK(!c.cuda_graph || !std::getenv("WORLD_SIZE"),
               "cuda_graph: not available in data-parallel runs (WORLD_SIZE is set): the distributed step's "
               "collectives are not captured");
@@ -348,7 +368,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
       << " params; data " << data_path << " (" << corpus.train.numel() << " train / " << corpus.val.numel()
       << " val bytes); " << c.algorithm << " lr " << c.lr << ", " << c.steps << " steps of " << tokens_per_step
       << " tokens on " << device << (graph ? ", optimizer step as a CUDA graph" : "")
-      << (c.deterministic ? ", deterministic kernels" : "") << "\n";
+      << (c.deterministic ? ", deterministic kernels" : "") << (c.tf32 ? ", TF32 products" : "") << "\n";
 
   auto evaluate = [&]() {
     torch::NoGradGuard no_grad;

@@ -269,6 +269,19 @@ TEST(Trainer, DionCholeskyQrTrainsAndReportsFallbacks) {
   EXPECT_EQ(r.out.find("final val loss nan"), std::string::npos) << r.out;
 }
 
+// `tf32` computes other bits, so it is in the config hash (a run resumes only as it began), but
+// only when set: the checkpoints of runs from before the key still resume.
+TEST(Trainer, Tf32IsHashedOnlyWhenSet) {
+  TrainConfig c;
+  c.device = "cuda";
+  const std::string plain = config_sha256(c, "data");
+  EXPECT_EQ(config_sha256(config_from_json(json{{"device", "cuda"}, {"tf32", false}}), "data"), plain);
+  c.tf32 = true;
+  EXPECT_NE(config_sha256(c, "data"), plain);
+  EXPECT_EQ(to_json(c)["tf32"], true);
+  EXPECT_TRUE(config_from_json(to_json(c)).tf32);
+}
+
 TEST(Trainer, GradAccumulationAdvancesPerOptimizerStep) {
   const auto dir = fresh_dir("accum");
   auto r = run(train_args(dir, {"--grad-accum", "3", "--steps", "5", "--eval-every", "5"}));
@@ -414,6 +427,10 @@ TEST(Trainer, BadInputGivesClearErrorsAndWritesNothing) {
   expect_error(run(train_args(none, {"--cuda-graph", "true", "--nproc", "2"})), "--cuda-graph: not available with --nproc");
   if (!torch::cuda::is_available())  // device auto finds no GPU: refused before anything is written
     expect_error(run(train_args(none, {"--cuda-graph", "true"})), "cuda_graph: needs a CUDA device; device 'auto' resolved to cpu");
+  expect_error(run(train_args(none, {"--tf32", "true", "--device", "cpu"})), "tf32: needs a CUDA device, but device is 'cpu'");
+  if (!torch::cuda::is_available())
+    expect_error(run(train_args(none, {"--tf32", "true"})), "tf32: needs a CUDA device; device 'auto' resolved to cpu");
+  expect_error(run(train_args(none, {"--tf32", "maybe"})), "--tf32");
   EXPECT_FALSE(fs::exists(none));
   // compare checks every run's configuration before the first run starts.
   const auto refused = fresh_dir("compare_refused");

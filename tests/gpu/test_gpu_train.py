@@ -131,6 +131,18 @@ def test_dion_cuda_graph_run_repeats_and_tracks_eager_run(tmp_path, data):
     assert worst < 1e-5, where
 
 
+def test_tf32_switches_fp32_products_to_tf32(tmp_path, data):
+    """`--tf32 true` (torch's allow_tf32 for the run): Dion's fp32 products and, with `--bf16 false`,
+    the model's matmuls take TF32 inputs. Under --deterministic both runs are reproducible, so a
+    switch that did nothing would give the fp32 run's metrics bit for bit."""
+    common = ["--algorithm", "dion", "--dion-qr", "cholesky", "--bf16", "false", "--deterministic", "true"]
+    train(tmp_path / "fp32", data, *common)
+    out = train(tmp_path / "tf32", data, *common, "--tf32", "true")
+    assert "TF32 products" in out
+    check_run(metrics(tmp_path / "tf32"))
+    assert metrics(tmp_path / "tf32") != metrics(tmp_path / "fp32")
+
+
 def test_resume_on_cuda_with_cuda_graph_is_bit_exact(tmp_path, data):
     """Interrupted after step 12 (a checkpoint), resumed: the wrapper is made after the state is
     loaded, warms up and captures again, and the run ends as the uninterrupted one."""

@@ -54,6 +54,8 @@ struct TrainConfig {
   bool bf16 = true;              // bf16 autocast on CUDA (ignored on CPU)
   bool cuda_graph = false;       // replay the optimizer step as a CUDA graph (CUDA, one process; not dion)
   bool deterministic = false;    // torch's deterministic kernels: bit-reproducible CUDA runs (slower)
+  bool tf32 = false;             // fp32 cuBLAS products with TF32 inputs (torch's allow_tf32; CUDA only):
+                                 // Dion's four products, the model's matmuls with bf16 false
   int64_t log_every = 10;        // plain log line interval when stdout is not a terminal
   std::string progress = "auto"; // auto (bar on a terminal) | on | off
 };
