@@ -188,15 +188,22 @@ at::Tensor householder_q(const at::Tensor& P) { return std::get<0>(at::linalg_qr
 CholeskyQ cholesky_qr2_q(const at::Tensor& P) {
   // fp64 so that the Gram matrix's condition number, cond(P)², stays far from 1/ε for any P
   // an fp32 P can represent (cond ≲ 1e7); the second pass restores orthogonality lost in the
-  // first. Each pass is one batched product, one batched Cholesky and one triangular solve.
+  // first. Each pass is one batched product, one batched Cholesky, the inverse of the r×r
+  // factor and one batched product.
   at::Tensor X = P.to(at::kDouble);
   at::Tensor ok = at::ones(P.sizes().slice(0, P.dim() - 2), P.options().dtype(at::kBool));
+  const int64_t r = P.size(-1);
+  const at::Tensor I = at::eye(r, X.options());
   for (int pass = 0; pass < 2; ++pass) {
     const at::Tensor G = at::matmul(X.transpose(-2, -1), X);  // [..., r, r]
     auto [L, info] = at::linalg_cholesky_ex(G, /*upper=*/false, /*check_errors=*/false);  // info [...]
     ok = ok.logical_and(info == 0);
-    // X·L⁻ᵀ: solve Y·Lᵀ = X (Lᵀ upper triangular, from the right).
-    X = at::linalg_solve_triangular(L.transpose(-2, -1), X, /*upper=*/true, /*left=*/false);
+    // X·L⁻ᵀ as a product with the inverted factor rather than a triangular solve on the m×r X:
+    // on a GPU cuBLAS's batched trsm ran at ≈ 12 TFLOP/s in fp64 (H200, Llama's Dion banks: 20 ms
+    // of a 167 ms step), the product on the tensor cores. Only the r×r inverse is a solve. Its
+    // error, ≈ ε·cond(L) = ε·cond(P) ≤ 1e-9 relative in fp64, is far below the fp32 result's.
+    const at::Tensor L_inv = at::linalg_solve_triangular(L, I.expand_as(L), /*upper=*/false, /*left=*/true);
+    X = at::matmul(X, L_inv.transpose(-2, -1));
   }
   CholeskyQ q;
   q.Q = X.to(at::kFloat);
