@@ -1,7 +1,7 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
 on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
-[--algos=muon,dion3] [--dion-qr=householder|cholesky] [--top=N] [--host] [--graph]
+[--algos=muon,dion3] [--dion-qr=householder|cholesky] [--top=N] [--host] [--graph] [--tf32]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, the
 profiled steps' own event time and timeline (the time the GPU idled between kernels), and
 the kernels grouped into classes (GEMM, orthopt kernels, other elementwise/reduction) plus the
@@ -162,6 +162,8 @@ def main():
     host = "--host" in sys.argv[1:]
     graph = "--graph" in sys.argv[1:]
     dion_qr = flags.get("dion-qr", "householder")
+    # torch's TF32 switch for fp32 cuBLAS products (Dion's four products), as a user would set it.
+    torch.backends.cuda.matmul.allow_tf32 = "--tf32" in sys.argv[1:]
     for name in sets:
         mats, others = param_set(name)
         for algo in algos:
