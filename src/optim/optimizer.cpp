@@ -415,7 +415,7 @@ class OptimizerImpl {
   }
 
   // Writes `value` into `dst` unless this step is skipped (then dst stays bit-identical).
-  void commit(at::Tensor& dst, const at::Tensor& value) { dst.copy_(gated(value, dst)); }
+  void commit(at::Tensor& dst, const at::Tensor& value) { assign_gated_(dst, value, keep_flag()); }
 
   // commit() for a bank: `value` [B, ...] into each param's tensor in `dsts`, gated once for
   // the whole bank (`old`: the dsts stacked; where() promotes like commit()'s, so each dst gets
@@ -659,7 +659,7 @@ class OptimizerImpl {
     const auto& o = groups[g].options;
     const at::Tensor V = owned_bank(g, b, "variance", 1, at::kFloat);  // in place (the variance is fp32)
     auto [factors, V_new] = optim_detail::normuon_row_factors(U, V, o.normuon_beta2, o.normuon_eps);
-    V.copy_(gated(V_new, V));
+    assign_gated_(V, V_new, keep_flag());
     return factors;
   }
 
