@@ -23,6 +23,7 @@
 #include "bench_step.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
+#include "orthopt/runtime.h"
 #include "peers.h"
 #include "timing.h"
 
@@ -145,13 +146,8 @@ int run_step(const StepArgs& a) {
     throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
   at::manual_seed(0);
   // What a user's torch.backends.cuda.matmul.allow_tf32 = True does to our step: fp32 products
-  // (Dion's four, the fp32 peers') on the tensor cores with TF32 inputs. Restored at the end.
-  const bool tf32_before = at::globalContext().allowTF32CuBLAS();
-  at::globalContext().setAllowTF32CuBLAS(a.tf32);
-  struct RestoreTf32 {
-    bool before;
-    ~RestoreTf32() { at::globalContext().setAllowTF32CuBLAS(before); }
-  } restore_tf32{tf32_before};
+  // (Dion's four, the fp32 peers') on the tensor cores with TF32 inputs.
+  const Tf32Products tf32(a.tf32);
   nlohmann::json rows = nlohmann::json::array();
   std::cout << fmt::format("{:<7} {:<42} {:>10} {:>10} {:>10} {:>10}\n", "set", "optimizer", "median ms", "min ms",
                            "max ms", "host ms");

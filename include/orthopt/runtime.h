@@ -32,6 +32,21 @@ int default_intra_op_threads(int cores, const std::string& blas_threading);
 // leaving the ATen reference paths; read at each call, so a test can compare both in one process.
 bool gpu_kernels_enabled();
 
+// torch's TF32 switch for fp32 cuBLAS products (`at::globalContext().setAllowTF32CuBLAS`, what
+// `torch.backends.cuda.matmul.allow_tf32 = True` does in Python) turned on for this object's
+// lifetime when `on`, then restored; when not `on` the process's setting is left as it is.
+class Tf32Products {
+ public:
+  explicit Tf32Products(bool on);
+  ~Tf32Products();
+  Tf32Products(const Tf32Products&) = delete;
+  Tf32Products& operator=(const Tf32Products&) = delete;
+
+ private:
+  bool on_;
+  bool prev_;
+};
+
 // File name of the loaded object (executable or shared library) that holds `address`, or
 // "unknown".
 std::string shared_object_of(const void* address);

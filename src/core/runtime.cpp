@@ -1,5 +1,6 @@
 #include "orthopt/runtime.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <sched.h>
@@ -60,6 +61,14 @@ void init_runtime() {
   int threads = requested_threads();
   if (threads == 0) threads = default_intra_op_threads(available_cores(), blas_threading());
   at::set_num_threads(threads);
+}
+
+Tf32Products::Tf32Products(bool on) : on_(on), prev_(at::globalContext().allowTF32CuBLAS()) {
+  if (on_) at::globalContext().setAllowTF32CuBLAS(true);
+}
+
+Tf32Products::~Tf32Products() {
+  if (on_) at::globalContext().setAllowTF32CuBLAS(prev_);
 }
 
 bool gpu_kernels_enabled() {

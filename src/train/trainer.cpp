@@ -25,6 +25,7 @@
 #include "core/torch_version.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
+#include "orthopt/runtime.h"
 #include "orthopt/dist.h"
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/data.h"
@@ -118,24 +119,6 @@ class DeterministicKernels {
  private:
   bool on_;
   bool prev_ = false, prev_warn_only_ = false;
-};
-
-// torch's TF32 switch for fp32 cuBLAS products for the duration of a run (`tf32`), restored after
-// it: what `torch.backends.cuda.matmul.allow_tf32 = True` does in a Python training script.
-class Tf32Products {
- public:
-  explicit Tf32Products(bool on) : on_(on), prev_(at::globalContext().allowTF32CuBLAS()) {
-    if (on_) at::globalContext().setAllowTF32CuBLAS(true);
-  }
-  ~Tf32Products() {
-    if (on_) at::globalContext().setAllowTF32CuBLAS(prev_);
-  }
-  Tf32Products(const Tf32Products&) = delete;
-  Tf32Products& operator=(const Tf32Products&) = delete;
-
- private:
-  bool on_;
-  bool prev_;
 };
 
 ModelConfig model_config_of(const TrainConfig& c) {
