@@ -279,7 +279,8 @@ class Dion(_OrthoptOptimizer):
     Dion's four rectangular products (M·Q, Mᵀ·P, the error feedback, P·Qᵀ) are fp32 cuBLAS
     products and follow torch's switch: with ``torch.backends.cuda.matmul.allow_tf32 = True``
     (or ``torch.set_float32_matmul_precision("high")``) they take TF32 inputs on the tensor
-    cores, about twice as fast a step on an H200 (docs/optimizers.md); the QR stays fp32/fp64.
+    cores (H200, Cholesky, CUDA graph: Llama 1.26B set 2.1×, GPT-2 set 1.4× faster steps;
+    docs/optimizers.md); the QR stays fp32/fp64.
     """
 
     _defaults = dict(algorithm="dion")
