@@ -256,6 +256,22 @@ orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, int64_t cols
 orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols, int64_t k, void* momentum,
                                        orthopt_dtype dtype, const int64_t* rows_idx, double mu, void* selected,
                                        int64_t* flat, int32_t* row_map, const uint8_t* keep, cudaStream_t stream);
+/* Householder reduction of a narrow panel, the latency-bound part of orthopt's blocked
+ * Householder QR (src/optim/update_math.cpp, householder_q_blocked; ATen reference:
+ * householder_panel_reference there). For each of `batch` panels A[b] [rows, cols] (fp32,
+ * element (r, c) at A[b·stride_a + r·ld + c]; 1 <= cols <= 32, cols <= rows <=
+ * orthopt_householder_panel_max_rows(cols); read only), column c = 0, 1, ... in turn is reduced
+ * by the reflector H_c = I − τ_c·v_c·v_cᵀ that maps it below row c onto β·e_c (β = −sign(α)·‖x‖,
+ * α the diagonal entry), applied to the columns right of it. Writes V[b] [rows, cols]
+ * (contiguous, batch stride rows·cols): v_c in column c, 1 on the diagonal, 0 above. τ_c is
+ * always 2/‖v_c‖² (a zero column takes v_c = e_c), so the caller forms the T of the compact WY
+ * form H_0·H_1⋯ = I − V·T·Vᵀ from VᵀV alone (T⁻¹ = upper(VᵀV) with the diagonal halved).
+ * fp32 arithmetic, fp64 sums of squares; deterministic. One launch (one block per panel,
+ * the panel in shared memory), no allocation, no host synchronization (graph-capturable).
+ * batch or cols 0: nothing. */
+int64_t orthopt_householder_panel_max_rows(int64_t cols); /* 0 when cols is not in [1, 32] */
+orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows, int64_t cols, const float* A, int64_t ld,
+                                         int64_t stride_a, float* V, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

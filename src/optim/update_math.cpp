@@ -1,9 +1,16 @@
 #include "optim/update_math.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "orthopt/runtime.h"
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/householder_cuda.h"
+#endif
 
 namespace orthopt::optim_detail {
 
@@ -183,7 +190,99 @@ DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, doub
   return r;
 }
 
-at::Tensor householder_q(const at::Tensor& P) { return std::get<0>(at::linalg_qr(P, "reduced")); }
+at::Tensor householder_panel_reference(const at::Tensor& A) {
+  TORCH_CHECK(A.dim() == 3 && A.scalar_type() == at::kFloat && A.size(1) >= A.size(2),
+              "householder_panel_reference: argument 'A' must be fp32 [B, L, b] with L >= b, got ", A.sizes(), " ",
+              A.scalar_type());
+  const int64_t L = A.size(1), b = A.size(2);
+  at::Tensor V = A.clone(at::MemoryFormat::Contiguous);
+  for (int64_t c = 0; c < b; ++c) {
+    at::Tensor x = V.select(2, c).narrow(1, c, L - c);  // [B, L − c], a view of column c
+    // The kernel's formulas: fp64 norm, β = −sign(α)·‖x‖, v = x/(α − β) with v_c = 1,
+    // τ = 2/‖v‖²; a zero column takes v = e_c, τ = 2.
+    const at::Tensor alpha = x.select(1, 0).to(at::kDouble);
+    const at::Tensor sigma = x.narrow(1, 1, L - c - 1).to(at::kDouble).square().sum(1);
+    const at::Tensor norm = (alpha.square() + sigma).sqrt();
+    const at::Tensor beta = at::where(alpha < 0, norm, -norm);
+    const at::Tensor scale = at::where(norm > 0, 1.0 / (alpha - beta), at::zeros_like(norm));
+    const at::Tensor tau = (2.0 / (1.0 + sigma * scale.square())).to(at::kFloat);
+    at::Tensor v = x * scale.to(at::kFloat).unsqueeze(1);
+    v.select(1, 0).fill_(1.0);
+    x.copy_(v);
+    V.select(2, c).narrow(1, 0, c).zero_();
+    if (c + 1 < b) {  // a_k ← a_k − τ·(vᵀa_k)·v for the columns k > c, rows >= c
+      at::Tensor rest = V.narrow(1, c, L - c).narrow(2, c + 1, b - c - 1);
+      const at::Tensor w = at::bmm(v.unsqueeze(1), rest);  // [B, 1, b − c − 1]
+      rest.sub_(at::bmm(v.unsqueeze(2), w * tau.view({-1, 1, 1})));
+    }
+  }
+  return V;
+}
+
+at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel) {
+  TORCH_CHECK(P.dim() >= 2 && P.scalar_type() == at::kFloat && P.size(-2) >= P.size(-1),
+              "householder_q_blocked: argument 'P' must be fp32 [..., m, r] with m >= r, got ", P.sizes(), " ",
+              P.scalar_type());
+  TORCH_CHECK(panel_cols >= 1, "householder_q_blocked: argument 'panel_cols' must be >= 1, got ", panel_cols);
+#ifndef ORTHOPT_WITH_CUDA
+  TORCH_CHECK(!kernel_panel, "householder_q_blocked: argument 'kernel_panel': this build has no CUDA kernels");
+#endif
+  // "QR in fp32" (algorithms.md §6): TF32 products would leave Q orthogonal to ≈ 1e-3 only.
+  const bool tf32 = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  struct Restore {
+    bool on;
+    ~Restore() { at::globalContext().setAllowTF32CuBLAS(on); }
+  } restore{tf32};
+  const int64_t m = P.size(-2), r = P.size(-1);
+  at::Tensor A = P.reshape({-1, m, r}).clone(at::MemoryFormat::Contiguous);
+  const int64_t B = A.size(0);
+  std::vector<at::Tensor> Vs, Ts;
+  for (int64_t j0 = 0; j0 < r; j0 += panel_cols) {
+    const int64_t b = std::min(panel_cols, r - j0), L = m - j0;
+    const at::Tensor panel = A.narrow(1, j0, L).narrow(2, j0, b);
+#ifdef ORTHOPT_WITH_CUDA
+    const at::Tensor V = kernel_panel ? cuda::householder_panel(panel) : householder_panel_reference(panel);
+#else
+    const at::Tensor V = householder_panel_reference(panel);
+#endif
+    // H_j0⋯H_j0+b−1 = I − V·T·Vᵀ, T upper triangular with T⁻¹ = VᵀV above the diagonal and
+    // ‖v‖²/2 = 1/τ on it.
+    const at::Tensor G = at::bmm(V.transpose(1, 2), V);
+    const at::Tensor T_inv = G.triu(1) + at::diag_embed(G.diagonal(0, 1, 2) * 0.5);
+    const at::Tensor T = at::linalg_solve_triangular(T_inv, at::eye(b, A.options()).expand({B, b, b}),
+                                                     /*upper=*/true, /*left=*/true);
+    if (j0 + b < r) {  // the trailing columns: A ← (I − V·Tᵀ·Vᵀ)·A
+      at::Tensor rest = A.narrow(1, j0, L).narrow(2, j0 + b, r - j0 - b);
+      rest.baddbmm_(V, at::bmm(T.transpose(1, 2), at::bmm(V.transpose(1, 2), rest)), 1.0, -1.0);
+    }
+    Vs.push_back(V);
+    Ts.push_back(T);
+  }
+  // Q = H_0·H_1⋯·I[:, :r], block by block from the last: block p touches rows and columns >= j0.
+  at::Tensor Q = at::eye(m, r, A.options()).expand({B, m, r}).contiguous();
+  for (int64_t p = static_cast<int64_t>(Vs.size()) - 1; p >= 0; --p) {
+    const int64_t j0 = p * panel_cols, L = m - j0;
+    at::Tensor Qs = Q.narrow(1, j0, L).narrow(2, j0, r - j0);
+    Qs.baddbmm_(Vs[p], at::bmm(Ts[p], at::bmm(Vs[p].transpose(1, 2), Qs)), 1.0, -1.0);
+  }
+  return Q.reshape(P.sizes());
+}
+
+at::Tensor householder_q(const at::Tensor& P) {
+#ifdef ORTHOPT_WITH_CUDA
+  // Panels as wide as shared memory allows for this height (up to 32 columns): fewer panels,
+  // fewer launches; taller than the widest panel the kernel takes: cuSOLVER.
+  if (P.is_cuda() && P.scalar_type() == at::kFloat && gpu_kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
+      P.size(-2) >= P.size(-1)) {
+    int64_t width = 32;
+    while (width > 1 && cuda::householder_panel_max_rows(width) < P.size(-2)) width /= 2;
+    if (cuda::householder_panel_max_rows(width) >= P.size(-2))
+      return householder_q_blocked(P, std::min<int64_t>(width, P.size(-1)), /*kernel_panel=*/true);
+  }
+#endif
+  return std::get<0>(at::linalg_qr(P, "reduced"));
+}
 
 CholeskyQ cholesky_qr2_q(const at::Tensor& P) {
   // fp64 so that the Gram matrix's condition number, cond(P)², stays far from 1/ε for any P

@@ -94,8 +94,21 @@ DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double
 // The step in its parts, for DionQr::Cholesky: P = M·Q (fp32), orthonormalized P -> result.
 at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q);
 DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
-// Q of the fp32 QR of P [..., m, r] (Householder: LAPACK on the CPU, cuSOLVER on a GPU).
+// Q of the fp32 Householder QR of P [..., m, r]: LAPACK on the CPU (and with
+// ORTHOPT_GPU_KERNELS=0, cuSOLVER on a GPU, through linalg_qr); on a GPU with the kernels,
+// householder_q_blocked with the panel kernel, same reflectors (β = −sign(α)·‖x‖, so the same
+// column signs as LAPACK's up to rounding), in batched products instead of cuSOLVER's one call
+// per matrix.
 at::Tensor householder_q(const at::Tensor& P);
+// The blocked Householder QR (compact WY, LAPACK's geqrf + orgqr in batched form) of P [..., m, r]
+// (fp32, m >= r): panels of `panel_cols` columns reduced by householder_panel_reference or, with
+// `kernel_panel` (CUDA tensors), by orthopt_householder_panel; each panel's T from VᵀV
+// (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²), the trailing columns updated and Q
+// accumulated backwards from I[:, :r] by products. Products in full fp32 (TF32 off inside).
+at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel);
+// The panel step in ATen ops, one column at a time (the kernel's reference): V [B, L, b] (fp32,
+// contiguous; v_c in column c, unit diagonal, zeros above) of the panel A [B, L, b], L >= b.
+at::Tensor householder_panel_reference(const at::Tensor& A);
 // Cholesky QR2 of P [..., m, r] (fp32), computed in fp64: twice R = chol(XᵀX)ᵀ, X ← X·R⁻¹.
 // `ok` (bool [...], one per matrix, P's device, no host synchronization) is false where that
 // matrix's Cholesky failed or its Q is not finite; the caller takes householder_q there.

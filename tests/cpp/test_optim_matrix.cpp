@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <tuple>
 
 #include "optim/update_math.h"  // optim_detail::normuon_normalize (internal)
 #include "orthopt/optim.h"
@@ -447,6 +448,70 @@ TEST(OptimDion, CholeskyQr2MatchesFloat64Qr) {
     EXPECT_LT(worst_q, 1e-7) << "cond " << cond;
     EXPECT_LT(worst_orth, 2e-7) << "cond " << cond;
   }
+}
+
+// The blocked Householder QR (the GPU's householder_q, here with its ATen panel) against the
+// float64 Gram–Schmidt Q, column signs aligned (Householder's R diagonal is −sign(α)·‖x‖).
+TEST(OptimDion, BlockedHouseholderQrMatchesFloat64Qr) {
+  using orthopt::optim_detail::householder_q_blocked;
+  auto gen = at::detail::createCPUGenerator(94);
+  const double eps32 = 5.96e-8;  // fp32 unit roundoff
+  for (double cond : {1.0, 1e2, 1e4}) {
+    for (const auto& [m, r, panel] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {200, 24, 32}, {200, 24, 7}, {200, 24, 1}, {61, 61, 16}, {300, 70, 32}}) {
+      const at::Tensor P = at::stack({with_condition(m, r, cond, gen), with_condition(m, r, cond, gen)});
+      const at::Tensor Q = householder_q_blocked(P, panel, /*kernel_panel=*/false);
+      ASSERT_EQ(Q.sizes(), P.sizes());
+      ASSERT_EQ(Q.scalar_type(), at::kFloat);
+      double worst_q = 0, worst_orth = 0, worst_span = 0;
+      for (int64_t b = 0; b < 2; ++b) {
+        const at::Tensor Qd = Q[b].to(at::kDouble), ref = mgs2_q(P[b]), Pd = P[b].to(at::kDouble);
+        const at::Tensor signs = (Qd * ref).sum(0).sign();
+        worst_q = std::max(worst_q, (Qd - ref * signs).abs().max().item<double>());
+        worst_orth = std::max(worst_orth, (at::matmul(Qd.t(), Qd) - at::eye(r, at::kDouble)).abs().max().item<double>());
+        const at::Tensor resid = Pd - at::matmul(Qd, at::matmul(Qd.t(), Pd));
+        worst_span = std::max(worst_span, (resid.norm() / Pd.norm()).item<double>());
+      }
+      std::cout << "blocked householder " << m << "x" << r << " panel " << panel << " cond " << cond
+                << ": max |Q - Q_ref| " << worst_q << ", max |QtQ - I| " << worst_orth << ", span residual "
+                << worst_span << "\n";
+      // Householder QR is backward stable: Q orthogonal to a small multiple of ε·m whatever the
+      // condition (3ε·m bounds the sums of m rounded products here), P in Q's span to a few ε·√m,
+      // and Q itself within ≈ ε·cond of the exact factor (a perturbation of P of relative size ε
+      // moves Q by up to cond times that; 100ε·cond leaves room for the constant).
+      EXPECT_LT(worst_orth, 3 * eps32 * m) << m << "x" << r << " panel " << panel << " cond " << cond;
+      EXPECT_LT(worst_span, 20 * eps32 * std::sqrt(double(m))) << m << "x" << r << " panel " << panel;
+      EXPECT_LT(worst_q, 100 * eps32 * cond) << m << "x" << r << " panel " << panel << " cond " << cond;
+    }
+  }
+}
+
+// Blocked and LAPACK's Householder take the same reflectors: equal Q up to rounding; a zero
+// column or a zero matrix still gives an orthonormal, finite Q; each matrix of a batch is
+// factored on its own.
+TEST(OptimDion, BlockedHouseholderQrEdgeCases) {
+  using orthopt::optim_detail::householder_q_blocked;
+  auto gen = at::detail::createCPUGenerator(95);
+  const at::Tensor good = with_condition(90, 20, 10.0, gen);
+  const at::Tensor lapack = std::get<0>(at::linalg_qr(good, "reduced"));
+  // cond 10: Q moves by ≈ 10·ε per unit of P's rounding; 2e-5 leaves room for m = 90 sums.
+  EXPECT_LT((householder_q_blocked(good, 8, false) - lapack).abs().max().item<double>(), 2e-5);
+  at::Tensor zero_col = good.clone();
+  zero_col.select(1, 5).zero_();
+  const at::Tensor batch = at::stack({good, zero_col, at::zeros_like(good), good * 1e-30, good * 1e30});
+  const at::Tensor Q = householder_q_blocked(batch, 8, false);
+  ASSERT_TRUE(at::isfinite(Q).all().item<bool>());
+  for (int64_t b = 0; b < batch.size(0); ++b) {
+    const at::Tensor Qd = Q[b].to(at::kDouble);
+    EXPECT_LT((at::matmul(Qd.t(), Qd) - at::eye(20, at::kDouble)).abs().max().item<double>(), 3 * 5.96e-8 * 90)
+        << "matrix " << b;
+  }
+  EXPECT_TRUE(at::equal(Q[0], householder_q_blocked(good, 8, false)));
+  // The scaled copies take the same reflectors: the fp64 norms neither overflow nor underflow.
+  EXPECT_LT((Q[3] - Q[0]).abs().max().item<double>(), 1e-5);
+  EXPECT_LT((Q[4] - Q[0]).abs().max().item<double>(), 1e-5);
+  EXPECT_THROW(householder_q_blocked(good.t(), 8, false), c10::Error);  // m < r
+  EXPECT_THROW(householder_q_blocked(good.to(at::kDouble), 8, false), c10::Error);
 }
 
 TEST(OptimDion, CholeskyQr2ReportsFailure) {

@@ -1464,6 +1464,58 @@ bool hopper() {
   return major == 9 && minor == 0;
 }
 
+// orthopt_householder_panel against a float64 host reduction of the same panel (the same
+// reflectors: β = −sign(α)·‖x‖, v_c = 1, a zero column takes v = e_c). V is poisoned; A, a
+// strided view (ld > cols), must keep its bytes. V's entries are <= 1 and each comes from at most
+// `cols` reflectors, each a dot of `rows` fp32 products (≈ √rows·2^-24 relative): ≈ 1e-5 at
+// 5632 rows; 1e-4 leaves a factor 10, a wrong entry is O(0.1).
+void check_householder_panel(int64_t batch, int64_t rows, int64_t cols, int64_t ld, bool zero_col, std::mt19937& rng) {
+  Buf32 A(batch * rows * ld), V(batch * rows * cols);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (auto& x : A.host) x = n(rng);
+  if (zero_col)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t r = 0; r < rows; ++r) A.host[(b * rows + r) * ld + cols / 2] = 0.0f;
+  const std::vector<float> A0 = A.host;
+  A.upload();
+  V.poison();
+  const orthopt_status st = orthopt_householder_panel(batch, rows, cols, A.dev, ld, rows * ld, V.dev, nullptr);
+  if (call_failed(st, "householder_panel")) return;
+  A.download();
+  V.download();
+  double worst = 0.0;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> P(rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) P[r * cols + c] = A0[(b * rows + r) * ld + c];
+    for (int64_t c = 0; c < cols; ++c) {
+      double sigma = 0.0;
+      for (int64_t r = c + 1; r < rows; ++r) sigma += P[r * cols + c] * P[r * cols + c];
+      const double alpha = P[c * cols + c], norm = std::sqrt(alpha * alpha + sigma);
+      const double scale = norm > 0.0 ? 1.0 / (alpha - (alpha < 0.0 ? norm : -norm)) : 0.0;
+      for (int64_t r = c; r < rows; ++r) P[r * cols + c] = r == c ? 1.0 : P[r * cols + c] * scale;
+      double vv = 0.0;
+      for (int64_t r = c; r < rows; ++r) vv += P[r * cols + c] * P[r * cols + c];
+      for (int64_t k = c + 1; k < cols; ++k) {
+        double w = 0.0;
+        for (int64_t r = c; r < rows; ++r) w += P[r * cols + c] * P[r * cols + k];
+        for (int64_t r = c; r < rows; ++r) P[r * cols + k] -= (2.0 / vv) * w * P[r * cols + c];
+      }
+      for (int64_t r = 0; r < c; ++r) P[r * cols + c] = 0.0;
+    }
+    for (int64_t e = 0; e < rows * cols; ++e) {
+      const double got = V.host[b * rows * cols + e];
+      worst = std::max(worst, std::isfinite(got) ? std::fabs(got - P[e]) / 1e-4 : 1e30);
+    }
+  }
+  const bool a_kept = std::memcmp(A.host.data(), A0.data(), A0.size() * sizeof(float)) == 0;
+  const bool ok = worst <= 1.0 && a_kept;
+  if (!ok) ++g_failures;
+  std::printf("%s householder panel batch=%lld rows=%lld cols=%lld ld=%lld%s worst err/tol=%.3f%s\n",
+              ok ? "ok  " : "FAIL", (long long)batch, (long long)rows, (long long)cols, (long long)ld,
+              zero_col ? " zero column" : "", worst, a_kept ? "" : " INPUT-OVERWRITTEN");
+}
+
 int main(int argc, char** argv) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -1551,6 +1603,16 @@ int main(int argc, char** argv) {
   }
   check_multi(quick, rng);
   check_scale_casts(quick, rng);
+  // Householder panels: power-of-two widths and not, one row more than columns, a zero column,
+  // the widest panel shared memory takes at Llama's heights (full list).
+  check_householder_panel(2, 50, 5, 7, false, rng);
+  check_householder_panel(1, 33, 32, 32, true, rng);
+  check_householder_panel(3, 200, 16, 20, true, rng);
+  check_householder_panel(2, 9, 9, 9, false, rng);
+  if (!quick) {
+    check_householder_panel(2, 2048, 16, 16, false, rng);
+    check_householder_panel(1, 5632, 8, 8, true, rng);
+  }
   std::printf("kernel_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
   return g_failures ? 1 : 0;

@@ -30,8 +30,10 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "cuda/householder_cuda.h"
 #include "cuda/multi_tensor_cuda.h"
 #include "gpu_test_util.h"
 #include "optim/update_math.h"
@@ -494,6 +496,76 @@ TEST_F(GpuFused, Dion3TakeRowsMatchesTheReferenceBitForBit) {
   EXPECT_NE(err.find("'rows_idx'"), std::string::npos) << err;
   err = error_of([&] { orthopt::cuda::normuon_factors(M, at::ones({5}, cuda), {}, 0.95, 1e-8, {}); });
   EXPECT_NE(err.find("'variance'"), std::string::npos) << err;
+}
+
+// The Householder panel kernel (orthopt_householder_panel) against its ATen reference
+// (householder_panel_reference, the same formulas one column at a time in fp32 with fp64
+// norms): Gaussian panels (well conditioned), several widths (power of two or not, the widest
+// that shared memory takes at each height), a strided view of a wider batch as the blocked QR
+// passes it, and a zero column. The two differ in summation order only: V's entries are <= 1
+// and each is a few dozen fp32 operations from the input, so 1e-5 is ≈ 100 ulps of slack,
+// while a wrong reflector or row gives O(1).
+TEST_F(GpuFused, HouseholderPanelMatchesReference) {
+  namespace od = orthopt::optim_detail;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(12);
+  for (const auto& [B, L, b, lead] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {3, 2048, 16, 16}, {2, 5632, 8, 8}, {4, 768, 32, 40}, {3, 300, 5, 64}, {2, 9, 9, 9}, {2, 6400, 1, 3}}) {
+    ASSERT_GE(orthopt::cuda::householder_panel_max_rows(b), L) << L << "x" << b;
+    const at::Tensor wide = at::randn({B, L, lead}, cuda);
+    at::Tensor A = wide.narrow(2, lead - b, b);  // rows of unit column stride, ld = lead
+    if (b > 3) A.select(2, 2).zero_();           // a zero column below the others
+    const at::Tensor V = orthopt::cuda::householder_panel(A);
+    const at::Tensor V_ref = od::householder_panel_reference(A);
+    const double diff = (V - V_ref).abs().max().item<double>();
+    std::printf("[ householder panel %lldx%lldx%lld ] max |V - V_ref| = %.3g\n", (long long)B, (long long)L,
+                (long long)b, diff);
+    EXPECT_LT(diff, 1e-5) << L << "x" << b;
+    EXPECT_TRUE(at::isfinite(V).all().item<bool>());
+    EXPECT_TRUE(at::equal(V, orthopt::cuda::householder_panel(A))) << "deterministic";
+  }
+  const at::Tensor too_tall = at::randn({1, orthopt::cuda::householder_panel_max_rows(32) + 1, 32}, cuda);
+  std::string err = error_of([&] { orthopt::cuda::householder_panel(too_tall); });
+  EXPECT_NE(err.find("shared memory"), std::string::npos) << err;
+  err = error_of([&] { orthopt::cuda::householder_panel(at::randn({1, 40, 33}, cuda)); });
+  EXPECT_NE(err.find("'cols'"), std::string::npos) << err;
+  err = error_of([&] { orthopt::cuda::householder_panel(at::randn({1, 40, 8}, cuda).transpose(1, 2)); });
+  EXPECT_NE(err.find("'A'"), std::string::npos) << err;
+}
+
+// Dion's QR on the GPU (householder_q: the blocked QR with the panel kernel) on Dion's shapes
+// (Llama's P = M·Q: 2048×512 and 5632×512; GPT-2's 768×192), against float64: Q orthogonal to a
+// small multiple of ε·m (Householder's bound, whatever the condition), P in Q's span to a few
+// ε·√m, and Q within 100·ε·cond of LAPACK's fp32 Q with the same column signs (a perturbation
+// of relative size ε moves Q by up to cond times that; Gaussian P: cond ≈ (√m + √r)/(√m − √r),
+// ≤ 3 for the tall shapes, in the thousands for the square one).
+TEST_F(GpuFused, BlockedHouseholderQrMatchesFloat64) {
+  namespace od = orthopt::optim_detail;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const double eps32 = 5.96e-8;
+  at::manual_seed(13);
+  for (const auto& [B, m, r] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {3, 2048, 512}, {2, 5632, 512}, {4, 768, 192}, {2, 100, 100}, {2, 1000, 600}}) {
+    const at::Tensor P = at::randn({B, m, r}, cuda);
+    const at::Tensor Q = od::householder_q(P);
+    ASSERT_EQ(Q.sizes(), P.sizes());
+    const at::Tensor Qd = Q.to(at::kDouble), Pd = P.to(at::kDouble);
+    const double orth =
+        (at::matmul(Qd.transpose(1, 2), Qd) - at::eye(r, Qd.options())).abs().max().item<double>();
+    const at::Tensor resid = Pd - at::matmul(Qd, at::matmul(Qd.transpose(1, 2), Pd));
+    const double span = (resid.flatten(1).norm(2, {1}) / Pd.flatten(1).norm(2, {1})).max().item<double>();
+    const at::Tensor lapack = std::get<0>(at::linalg_qr(P.cpu(), "reduced")).to(at::kDouble);
+    const double vs_lapack = (Qd.cpu() - lapack).abs().max().item<double>();
+    const at::Tensor sv = at::linalg_svdvals(Pd.cpu());
+    const double cond = (sv.select(1, 0) / sv.select(1, r - 1)).max().item<double>();
+    std::printf("[ householder_q %lldx%lldx%lld ] max |QtQ - I| %.3g, span residual %.3g, max |Q - Q_lapack| %.3g "
+                "(cond %.3g)\n",
+                (long long)B, (long long)m, (long long)r, orth, span, vs_lapack, cond);
+    EXPECT_LT(orth, 3 * eps32 * m);
+    EXPECT_LT(span, 20 * eps32 * std::sqrt(double(m)));
+    EXPECT_LT(vs_lapack, 100 * eps32 * cond);
+    EXPECT_TRUE(at::equal(Q, od::householder_q(P))) << "deterministic";
+  }
 }
 
 TEST_F(GpuFused, PredicateAndArgumentErrors) {

@@ -1,0 +1,18 @@
+#pragma once
+// ATen glue over orthopt_householder_panel (kernels/include/orthopt_kernels.h): the panel step of
+// the blocked Householder QR in src/optim/update_math.cpp. Compiled only when torch has CUDA and
+// the kernels are built (ORTHOPT_WITH_CUDA).
+#ifdef ORTHOPT_WITH_CUDA
+#include <ATen/ATen.h>
+
+namespace orthopt::cuda {
+
+// The most rows a panel of `cols` (1..32) columns may have (shared memory); 0 otherwise.
+int64_t householder_panel_max_rows(int64_t cols);
+
+// V [B, rows, cols] (fp32, contiguous) of the panel A [B, rows, cols]: fp32 on a CUDA device,
+// any batch stride, rows with unit column stride (e.g. a narrow() of a contiguous batch).
+at::Tensor householder_panel(const at::Tensor& A);
+
+}  // namespace orthopt::cuda
+#endif
