@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;
 // Shared memory for the panel: what the device allows a block, less the reduction scratch.
 constexpr int64_t kPanelBytes = 200 * 1024;
 
@@ -75,15 +76,23 @@ __global__ void __launch_bounds__(kThreads) householder_panel_kernel(const Panel
     const float scale = s_scale, tau = s_tau;
 
     // v into column c; the dots w_k = Σ_{r >= c} v_r·a_rk of the columns k > c.
+    // kUnroll rows per thread loaded before they are used: independent loads in flight.
     float w = 0.0f;
-    for (int64_t r0 = c + int64_t(warp) * S; r0 < a.rows; r0 += step) {  // warp-uniform bound
-      const int64_t r = r0 + sub;
-      const bool row_ok = r < a.rows;
-      const float x = row_ok ? panel[r * W + col] : 0.0f;
-      float v = __shfl_sync(full, x, sub * W + c);
-      v = r == c ? 1.0f : v * scale;
-      if (row_ok && col == c) panel[r * W + c] = v;
-      if (row_ok && col > c && in_panel) w = fmaf(v, x, w);
+    for (int64_t r0 = c + int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step * kUnroll) {  // warp-uniform
+      float x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        x[u] = r < a.rows ? panel[r * W + col] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        float v = __shfl_sync(full, x[u], sub * W + c);
+        v = r == c ? 1.0f : v * scale;
+        if (r < a.rows && col == c) panel[r * W + c] = v;
+        if (r < a.rows && col > c && in_panel) w = fmaf(v, x[u], w);
+      }
     }
     for (int off = W; off < 32; off <<= 1) w += __shfl_xor_sync(full, w, off);
     if (sub == 0) red[warp][col] = w;
@@ -98,15 +107,22 @@ __global__ void __launch_bounds__(kThreads) householder_panel_kernel(const Panel
     // a_k ← a_k − τ·w_k·v for k > c, and the next column's sum of squares below its diagonal.
     const float tw = tau * col_sum[col];
     sq = 0.0;
-    for (int64_t r0 = c + int64_t(warp) * S; r0 < a.rows; r0 += step) {
-      const int64_t r = r0 + sub;
-      const bool row_ok = r < a.rows;
-      float x = row_ok ? panel[r * W + col] : 0.0f;
-      const float v = __shfl_sync(full, x, sub * W + c);
-      if (row_ok && col > c && in_panel) {
-        x = fmaf(-tw, v, x);
-        panel[r * W + col] = x;
-        if (col == c + 1 && r > c + 1) sq += static_cast<double>(x) * x;
+    for (int64_t r0 = c + int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step * kUnroll) {
+      float x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        x[u] = r < a.rows ? panel[r * W + col] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        const float v = __shfl_sync(full, x[u], sub * W + c);
+        if (r < a.rows && col > c && in_panel) {
+          const float y = fmaf(-tw, v, x[u]);
+          panel[r * W + col] = y;
+          if (col == c + 1 && r > c + 1) sq += static_cast<double>(y) * y;
+        }
       }
     }
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "orthopt/runtime.h"
@@ -237,34 +238,51 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   const int64_t m = P.size(-2), r = P.size(-1);
   at::Tensor A = P.reshape({-1, m, r}).clone(at::MemoryFormat::Contiguous);
   const int64_t B = A.size(0);
-  std::vector<at::Tensor> Vs, Ts;
-  for (int64_t j0 = 0; j0 < r; j0 += panel_cols) {
-    const int64_t b = std::min(panel_cols, r - j0), L = m - j0;
-    const at::Tensor panel = A.narrow(1, j0, L).narrow(2, j0, b);
-#ifdef ORTHOPT_WITH_CUDA
-    const at::Tensor V = kernel_panel ? cuda::householder_panel(panel) : householder_panel_reference(panel);
-#else
-    const at::Tensor V = householder_panel_reference(panel);
-#endif
-    // H_j0⋯H_j0+b−1 = I − V·T·Vᵀ, T upper triangular with T⁻¹ = VᵀV above the diagonal and
-    // ‖v‖²/2 = 1/τ on it.
-    const at::Tensor G = at::bmm(V.transpose(1, 2), V);
+  // The reflectors: v_j in column j of V from row j down (unit diagonal, zeros above).
+  at::Tensor V = at::zeros_like(A);
+  // T of the compact WY form of reflectors stored like V: H_0⋯H_n−1 = I − V·T·Vᵀ, T upper
+  // triangular with T⁻¹ = VᵀV above the diagonal and ‖v‖²/2 = 1/τ on it.
+  auto t_factor = [&](const at::Tensor& Vb) {
+    const at::Tensor G = at::bmm(Vb.transpose(1, 2), Vb);
     const at::Tensor T_inv = G.triu(1) + at::diag_embed(G.diagonal(0, 1, 2) * 0.5);
-    const at::Tensor T = at::linalg_solve_triangular(T_inv, at::eye(b, A.options()).expand({B, b, b}),
-                                                     /*upper=*/true, /*left=*/true);
-    if (j0 + b < r) {  // the trailing columns: A ← (I − V·Tᵀ·Vᵀ)·A
-      at::Tensor rest = A.narrow(1, j0, L).narrow(2, j0 + b, r - j0 - b);
-      rest.baddbmm_(V, at::bmm(T.transpose(1, 2), at::bmm(V.transpose(1, 2), rest)), 1.0, -1.0);
+    const int64_t n = Vb.size(2);
+    return at::linalg_solve_triangular(T_inv, at::eye(n, A.options()).expand({B, n, n}), /*upper=*/true,
+                                       /*left=*/true);
+  };
+  // Columns [j0, j0 + n) of A, recursively (Elmroth–Gustavson): the left half, its reflectors
+  // applied to the right half as products, the right half. The products then have inner
+  // dimensions of up to r/2 columns instead of one panel's: cuBLAS ran the panel-by-panel
+  // form's narrow products (a panel's columns by all the columns to its right) at a fraction of
+  // its rate (H200, Llama's Dion banks).
+  std::function<void(int64_t, int64_t)> factor = [&](int64_t j0, int64_t n) {
+    const int64_t L = m - j0;
+    if (n <= panel_cols) {
+      const at::Tensor panel = A.narrow(1, j0, L).narrow(2, j0, n);
+#ifdef ORTHOPT_WITH_CUDA
+      const at::Tensor Vp = kernel_panel ? cuda::householder_panel(panel) : householder_panel_reference(panel);
+#else
+      const at::Tensor Vp = householder_panel_reference(panel);
+#endif
+      V.narrow(1, j0, L).narrow(2, j0, n).copy_(Vp);
+      return;
     }
-    Vs.push_back(V);
-    Ts.push_back(T);
-  }
-  // Q = H_0·H_1⋯·I[:, :r], block by block from the last: block p touches rows and columns >= j0.
+    const int64_t n1 = (n / 2 + panel_cols - 1) / panel_cols * panel_cols;  // whole panels, < n
+    factor(j0, n1);
+    const at::Tensor V1 = V.narrow(1, j0, L).narrow(2, j0, n1);
+    at::Tensor A12 = A.narrow(1, j0, L).narrow(2, j0 + n1, n - n1);  // A12 ← (I − V1·T1ᵀ·V1ᵀ)·A12
+    A12.baddbmm_(V1, at::bmm(t_factor(V1).transpose(1, 2), at::bmm(V1.transpose(1, 2), A12)), 1.0, -1.0);
+    factor(j0 + n1, n - n1);
+  };
+  factor(0, r);
+  // Q = H_0⋯H_r−1·I[:, :r], in blocks of whole panels from the last: block [j0, j0 + n) touches
+  // rows and columns >= j0 only.
+  const int64_t block = std::max<int64_t>(panel_cols, (128 + panel_cols - 1) / panel_cols * panel_cols);
   at::Tensor Q = at::eye(m, r, A.options()).expand({B, m, r}).contiguous();
-  for (int64_t p = static_cast<int64_t>(Vs.size()) - 1; p >= 0; --p) {
-    const int64_t j0 = p * panel_cols, L = m - j0;
+  for (int64_t j0 = (r - 1) / block * block; j0 >= 0; j0 -= block) {
+    const int64_t n = std::min(block, r - j0), L = m - j0;
+    const at::Tensor Vb = V.narrow(1, j0, L).narrow(2, j0, n);
     at::Tensor Qs = Q.narrow(1, j0, L).narrow(2, j0, r - j0);
-    Qs.baddbmm_(Vs[p], at::bmm(Ts[p], at::bmm(Vs[p].transpose(1, 2), Qs)), 1.0, -1.0);
+    Qs.baddbmm_(Vb, at::bmm(t_factor(Vb), at::bmm(Vb.transpose(1, 2), Qs)), 1.0, -1.0);
   }
   return Q.reshape(P.sizes());
 }

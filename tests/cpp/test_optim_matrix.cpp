@@ -458,7 +458,7 @@ TEST(OptimDion, BlockedHouseholderQrMatchesFloat64Qr) {
   const double eps32 = 5.96e-8;  // fp32 unit roundoff
   for (double cond : {1.0, 1e2, 1e4}) {
     for (const auto& [m, r, panel] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {200, 24, 32}, {200, 24, 7}, {200, 24, 1}, {61, 61, 16}, {300, 70, 32}}) {
+             {200, 24, 32}, {200, 24, 7}, {200, 24, 1}, {61, 61, 16}, {300, 70, 32}, {600, 300, 8}}) {
       const at::Tensor P = at::stack({with_condition(m, r, cond, gen), with_condition(m, r, cond, gen)});
       const at::Tensor Q = householder_q_blocked(P, panel, /*kernel_panel=*/false);
       ASSERT_EQ(Q.sizes(), P.sizes());
