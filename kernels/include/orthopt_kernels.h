@@ -264,8 +264,10 @@ orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols
  * by the reflector H_c = I − τ_c·v_c·v_cᵀ that maps it below row c onto β·e_c (β = −sign(α)·‖x‖,
  * α the diagonal entry), applied to the columns right of it. Writes V[b] [rows, cols]
  * (contiguous, batch stride rows·cols): v_c in column c, 1 on the diagonal, 0 above. τ_c is
- * always 2/‖v_c‖² (a zero column takes v_c = e_c), so the caller forms the T of the compact WY
- * form H_0·H_1⋯ = I − V·T·Vᵀ from VᵀV alone (T⁻¹ = upper(VᵀV) with the diagonal halved).
+ * always 2/‖v_c‖², so the caller forms the T of the compact WY form H_0·H_1⋯ = I − V·T·Vᵀ from
+ * VᵀV alone (T⁻¹ = upper(VᵀV) with the diagonal halved). So a column with nothing below its
+ * diagonal takes v_c = e_c, τ_c = 2 (its row is negated; a zero column too), where LAPACK's
+ * larfg takes τ = 0: the factors then differ from LAPACK's in that column's sign.
  * fp32 arithmetic, fp64 sums of squares; deterministic. One launch (one block per panel,
  * the panel in shared memory), no allocation, no host synchronization (graph-capturable).
  * batch or cols 0: nothing. */
