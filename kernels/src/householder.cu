@@ -6,10 +6,10 @@
 //
 // One block per matrix. The panel [rows, width] is copied into shared memory (width: cols
 // rounded up to a power of two, so that a warp covers 32/width whole rows and every access is
-// conflict-free), reduced there column by column, and written out as V. Per column: one reduction
-// (the column's norm below the diagonal), one pass forming v and the dots vᵀ·a_k with the columns
-// to its right, one reduction of those dots, one pass applying the reflector. Sums of squares are
-// fp64 (no overflow or underflow for any fp32 panel), the dots fp32 like LAPACK's.
+// conflict-free), reduced there column by column, and written out as V. Per column: one
+// reduction (the column's norm below the diagonal and its products with the columns to its
+// right, summed in the previous column's pass) and one pass (form v, apply the reflector, sum
+// the next column's products). Sums are fp64: no overflow or underflow for any fp32 panel.
 #include <cmath>
 
 #include "internal.h"
@@ -33,8 +33,8 @@ struct PanelArgs {
 __global__ void __launch_bounds__(kThreads) householder_panel_kernel(const PanelArgs a) {
   extern __shared__ float panel[];  // [rows][width], row-major
   __shared__ double red[kWarps][32];
-  __shared__ float col_sum[32];
-  __shared__ float s_scale, s_tau;
+  __shared__ double col_sum[32];
+  __shared__ float row_c[32];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int W = a.width, col = lane % W, sub = lane / W, S = 32 / W;  // S rows per warp and pass
   const int64_t step = int64_t(kWarps) * S;
@@ -43,86 +43,69 @@ __global__ void __launch_bounds__(kThreads) householder_panel_kernel(const Panel
   float* V = a.V + static_cast<int64_t>(blockIdx.x) * a.rows * a.cols;
   const unsigned full = 0xffffffffu;
 
-  // Copy in, and the sum of squares of column 0 below its diagonal.
-  double sq = 0.0;
-  for (int64_t r = int64_t(warp) * S + sub; r < a.rows; r += step) {
-    const float x = in_panel ? A[r * a.ld + col] : 0.0f;
-    panel[r * W + col] = x;
-    if (col == 0 && r > 0) sq += static_cast<double>(x) * x;
+  // One pass over the panel per column. Column c's pass applies reflector c and also sums, for
+  // the next column x = a_{·,c+1} (already updated), dot_k = Σ_{r > c+1} x_r·a_rk for k > c: so
+  // dot_{c+1} is ‖x‖² below the diagonal, and the next reflector's products with the columns to
+  // its right are w_k = a_{c+1,k} + scale·dot_k (v = 1 on the diagonal, x·scale below) without a
+  // pass of their own. The copy-in pass sums those of column 0.
+  double dot = 0.0;
+  for (int64_t r0 = int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step) {  // warp-uniform bound
+    const bool row_ok = r0 < a.rows;
+    const float y = row_ok && in_panel ? A[r0 * a.ld + col] : 0.0f;
+    if (row_ok) panel[r0 * W + col] = y;
+    const float x = __shfl_sync(full, y, sub * W);
+    if (row_ok && r0 > 0) dot += static_cast<double>(x) * y;
   }
 
   for (int c = 0; c < a.cols; ++c) {
-    // Reflector of column c: H = I − τ·v·vᵀ with v_c = 1, v_r = x_r·scale below; β = −sign(α)·‖x‖
-    // (no cancellation in α − β). A zero column takes v = e_c, τ = 2 (H flips row c): τ is
-    // 2/‖v‖² for every column, which the T factor of the caller relies on.
-    for (int off = W; off < 32; off <<= 1) sq += __shfl_xor_sync(full, sq, off);
-    if (sub == 0) red[warp][col] = sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double sigma = 0.0;
-      for (int w = 0; w < kWarps; ++w) sigma += red[w][c];
-      const double alpha = panel[int64_t(c) * W + c];
-      const double norm = sqrt(alpha * alpha + sigma);
-      double scale = 0.0, vv = 1.0;
-      if (norm > 0.0) {
-        const double beta = alpha < 0.0 ? norm : -norm;
-        scale = 1.0 / (alpha - beta);
-        vv = 1.0 + sigma * scale * scale;
-      }
-      s_scale = static_cast<float>(scale);
-      s_tau = static_cast<float>(2.0 / vv);
-    }
-    __syncthreads();
-    const float scale = s_scale, tau = s_tau;
-
-    // v into column c; the dots w_k = Σ_{r >= c} v_r·a_rk of the columns k > c.
-    // kUnroll rows per thread loaded before they are used: independent loads in flight.
-    float w = 0.0f;
-    for (int64_t r0 = c + int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step * kUnroll) {  // warp-uniform
-      float x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t r = r0 + u * step;
-        x[u] = r < a.rows ? panel[r * W + col] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t r = r0 + u * step;
-        float v = __shfl_sync(full, x[u], sub * W + c);
-        v = r == c ? 1.0f : v * scale;
-        if (r < a.rows && col == c) panel[r * W + c] = v;
-        if (r < a.rows && col > c && in_panel) w = fmaf(v, x[u], w);
-      }
-    }
-    for (int off = W; off < 32; off <<= 1) w += __shfl_xor_sync(full, w, off);
-    if (sub == 0) red[warp][col] = w;
-    __syncthreads();
+    for (int off = W; off < 32; off <<= 1) dot += __shfl_xor_sync(full, dot, off);
+    if (sub == 0) red[warp][col] = dot;
+    __syncthreads();  // also: the previous pass's writes to the panel
     if (threadIdx.x < W) {
-      double s = 0.0;
-      for (int k = 0; k < kWarps; ++k) s += red[k][threadIdx.x];
-      col_sum[threadIdx.x] = static_cast<float>(s);
+      double t = 0.0;
+      for (int w = 0; w < kWarps; ++w) t += red[w][threadIdx.x];
+      col_sum[threadIdx.x] = t;
+      row_c[threadIdx.x] = panel[int64_t(c) * W + threadIdx.x];  // row c before the pass rewrites it
     }
     __syncthreads();
-
-    // a_k ← a_k − τ·w_k·v for k > c, and the next column's sum of squares below its diagonal.
-    const float tw = tau * col_sum[col];
-    sq = 0.0;
-    for (int64_t r0 = c + int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step * kUnroll) {
-      float x[kUnroll];
+    // Reflector of column c: H = I − τ·v·vᵀ with v_c = 1, v_r = x_r·scale below; β = −sign(α)·‖x‖
+    // (no cancellation in α − β); τ = 2/‖v‖² for every column, which the T factor of the caller
+    // relies on, so a column with nothing below its diagonal takes v = e_c, τ = 2 (H negates
+    // row c). Every thread computes these (fp64) itself: no broadcast, no barrier.
+    const double sigma = col_sum[c], alpha = row_c[c];
+    const double norm = sqrt(alpha * alpha + sigma);
+    double scale = 0.0, vv = 1.0;
+    if (norm > 0.0) {
+      scale = 1.0 / (alpha - (alpha < 0.0 ? norm : -norm));
+      vv = 1.0 + sigma * scale * scale;
+    }
+    const float scale32 = static_cast<float>(scale);
+    const float tw = col > c && in_panel
+                         ? static_cast<float>((2.0 / vv) * (row_c[col] + scale * col_sum[col]))
+                         : 0.0f;  // τ·w_k
+    dot = 0.0;
+    // kUnroll rows per thread loaded before they are used: independent loads in flight.
+    for (int64_t r0 = c + int64_t(warp) * S + sub; r0 - sub < a.rows; r0 += step * kUnroll) {  // warp-uniform
+      float y[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t r = r0 + u * step;
-        x[u] = r < a.rows ? panel[r * W + col] : 0.0f;
+        y[u] = r < a.rows ? panel[r * W + col] : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t r = r0 + u * step;
-        const float v = __shfl_sync(full, x[u], sub * W + c);
-        if (r < a.rows && col > c && in_panel) {
-          const float y = fmaf(-tw, v, x[u]);
-          panel[r * W + col] = y;
-          if (col == c + 1 && r > c + 1) sq += static_cast<double>(y) * y;
+        const bool row_ok = r < a.rows;
+        const float xc = __shfl_sync(full, y[u], sub * W + c);
+        const float v = r == c ? 1.0f : xc * scale32;
+        if (col == c) {
+          if (row_ok) panel[r * W + c] = v;
+        } else if (col > c && in_panel && row_ok) {
+          y[u] = fmaf(-tw, v, y[u]);
+          panel[r * W + col] = y[u];
         }
+        const float x = __shfl_sync(full, y[u], (sub * W + c + 1) % 32);  // the next column, updated
+        if (col > c && in_panel && row_ok && r > c + 1) dot += static_cast<double>(x) * y[u];
       }
     }
   }

@@ -220,6 +220,31 @@ at::Tensor householder_panel_reference(const at::Tensor& A) {
   return V;
 }
 
+int64_t inner_product_splits(const at::Tensor& X, int64_t b) {
+  if (!X.is_cuda()) return 1;
+  const int64_t B = X.size(0), L = X.size(1), a = X.size(2);
+  // cuBLAS's fp32 tiles for such shapes are 32×32 (profile, H200); ≈ 4 blocks per multiprocessor
+  // of a 132-multiprocessor GPU keep it busy; chunks of >= 128 rows keep each block's loop long.
+  const int64_t tiles = B * ((a + 31) / 32) * ((b + 31) / 32);
+  int64_t s = 1;
+  while (tiles * s < 512 && L % (2 * s) == 0 && L / (2 * s) >= 128) s *= 2;
+  return s;
+}
+
+at::Tensor split_inner_products(const at::Tensor& X, const at::Tensor& Y, int64_t splits) {
+  TORCH_CHECK(X.dim() == 3 && Y.dim() == 3 && X.size(0) == Y.size(0) && X.size(1) == Y.size(1),
+              "split_inner_products: arguments 'X' and 'Y' must be [B, L, a] and [B, L, b], got ", X.sizes(), " and ",
+              Y.sizes());
+  TORCH_CHECK(splits >= 1 && X.size(1) % splits == 0, "split_inner_products: argument 'splits' = ", splits,
+              " must be >= 1 and divide L = ", X.size(1));
+  if (splits == 1) return at::bmm(X.transpose(1, 2), Y);
+  const int64_t B = X.size(0), L = X.size(1), a = X.size(2), b = Y.size(2);
+  // The chunks as batch entries (a copy where X or Y is a strided view), then their sum in a
+  // fixed order (deterministic).
+  const at::Tensor Xs = X.reshape({B * splits, L / splits, a}), Ys = Y.reshape({B * splits, L / splits, b});
+  return at::bmm(Xs.transpose(1, 2), Ys).view({B, splits, a, b}).sum(1);
+}
+
 at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel) {
   TORCH_CHECK(P.dim() >= 2 && P.scalar_type() == at::kFloat && P.size(-2) >= P.size(-1),
               "householder_q_blocked: argument 'P' must be fp32 [..., m, r] with m >= r, got ", P.sizes(), " ",
@@ -242,8 +267,11 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   at::Tensor V = at::zeros_like(A);
   // T of the compact WY form of reflectors stored like V: H_0⋯H_n−1 = I − V·T·Vᵀ, T upper
   // triangular with T⁻¹ = VᵀV above the diagonal and ‖v‖²/2 = 1/τ on it.
+  auto inner = [](const at::Tensor& X, const at::Tensor& Y) {
+    return split_inner_products(X, Y, inner_product_splits(X, Y.size(2)));
+  };
   auto t_factor = [&](const at::Tensor& Vb) {
-    const at::Tensor G = at::bmm(Vb.transpose(1, 2), Vb);
+    const at::Tensor G = inner(Vb, Vb);
     const at::Tensor T_inv = G.triu(1) + at::diag_embed(G.diagonal(0, 1, 2) * 0.5);
     const int64_t n = Vb.size(2);
     return at::linalg_solve_triangular(T_inv, at::eye(n, A.options()).expand({B, n, n}), /*upper=*/true,
@@ -270,7 +298,7 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
     factor(j0, n1);
     const at::Tensor V1 = V.narrow(1, j0, L).narrow(2, j0, n1);
     at::Tensor A12 = A.narrow(1, j0, L).narrow(2, j0 + n1, n - n1);  // A12 ← (I − V1·T1ᵀ·V1ᵀ)·A12
-    A12.baddbmm_(V1, at::bmm(t_factor(V1).transpose(1, 2), at::bmm(V1.transpose(1, 2), A12)), 1.0, -1.0);
+    A12.baddbmm_(V1, at::bmm(t_factor(V1).transpose(1, 2), inner(V1, A12)), 1.0, -1.0);
     factor(j0 + n1, n - n1);
   };
   factor(0, r);
@@ -282,7 +310,7 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
     const int64_t n = std::min(block, r - j0), L = m - j0;
     const at::Tensor Vb = V.narrow(1, j0, L).narrow(2, j0, n);
     at::Tensor Qs = Q.narrow(1, j0, L).narrow(2, j0, r - j0);
-    Qs.baddbmm_(Vb, at::bmm(t_factor(Vb), at::bmm(Vb.transpose(1, 2), Qs)), 1.0, -1.0);
+    Qs.baddbmm_(Vb, at::bmm(t_factor(Vb), inner(Vb, Qs)), 1.0, -1.0);
   }
   return Q.reshape(P.sizes());
 }

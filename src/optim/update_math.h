@@ -106,6 +106,13 @@ at::Tensor householder_q(const at::Tensor& P);
 // (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²), the trailing columns updated and Q
 // accumulated backwards from I[:, :r] by products. Products in full fp32 (TF32 off inside).
 at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel);
+// Xᵀ·Y for X [B, L, a], Y [B, L, b] as `splits` partial products over chunks of L (taken as
+// extra batch entries), summed: the blocked QR's inner products of reflectors (long L, small
+// a×b), which cuBLAS otherwise runs with one block per output tile looping over all of L,
+// leaving most of a GPU idle. inner_product_splits: how many (1 on the CPU; a power of two
+// dividing L, chunks of >= 128 rows, until ≈ 512 output tiles of 32×32).
+int64_t inner_product_splits(const at::Tensor& X, int64_t b);
+at::Tensor split_inner_products(const at::Tensor& X, const at::Tensor& Y, int64_t splits);
 // The panel step in ATen ops, one column at a time (the kernel's reference): V [B, L, b] (fp32,
 // contiguous; v_c in column c, unit diagonal, zeros above) of the panel A [B, L, b], L >= b.
 at::Tensor householder_panel_reference(const at::Tensor& A);

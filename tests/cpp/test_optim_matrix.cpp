@@ -514,6 +514,25 @@ TEST(OptimDion, BlockedHouseholderQrEdgeCases) {
   EXPECT_THROW(householder_q_blocked(good.to(at::kDouble), 8, false), c10::Error);
 }
 
+// The blocked QR's split inner products (used on GPUs) against a float64 product, on strided
+// views as the QR passes them: fp32 sums of L = 512 products of unit-size Gaussians, ≈ √512·ε
+// relative of terms of size ≈ √512: 1e-4 absolute is ≈ 40× that.
+TEST(OptimDion, SplitInnerProductsMatchFloat64) {
+  using orthopt::optim_detail::split_inner_products;
+  auto gen = at::detail::createCPUGenerator(96);
+  const at::Tensor big = at::randn({3, 600, 40}, gen, at::kFloat);
+  const at::Tensor X = big.narrow(1, 88, 512).narrow(2, 3, 7), Y = big.narrow(1, 88, 512).narrow(2, 10, 30);
+  const at::Tensor ref = at::matmul(X.to(at::kDouble).transpose(1, 2), Y.to(at::kDouble));
+  for (int64_t s : {1, 2, 4, 8, 512}) {
+    const at::Tensor got = split_inner_products(X, Y, s);
+    ASSERT_EQ(got.sizes(), at::IntArrayRef({3, 7, 30}));
+    EXPECT_LT((got.to(at::kDouble) - ref).abs().max().item<double>(), 1e-4) << "splits " << s;
+  }
+  EXPECT_THROW(split_inner_products(X, Y, 3), c10::Error);  // 512 % 3 != 0
+  EXPECT_THROW(split_inner_products(X, Y.narrow(1, 0, 500), 2), c10::Error);
+  EXPECT_EQ(orthopt::optim_detail::inner_product_splits(X, 30), 1);  // CPU tensors: no split
+}
+
 TEST(OptimDion, CholeskyQr2ReportsFailure) {
   using orthopt::optim_detail::cholesky_qr2_q;
   auto gen = at::detail::createCPUGenerator(92);
