@@ -272,7 +272,9 @@ class Dion(_OrthoptOptimizer):
 
     ``dion_qr="cholesky"`` orthonormalizes P by Cholesky QR2 in fp64 (Householder where a
     factorization fails) instead of the default fp32 Householder QR: the same updates to fp32
-    precision, several times faster on a GPU (docs/optimizers.md). ``CudaGraphOptimizer``
+    precision, faster on a GPU (H200, CUDA graph: Llama 1.26B set 1.18×, GPT-2 set 2.0×;
+    the Householder QR there is orthopt's blocked QR with its own panel kernel, not cuSOLVER's;
+    docs/optimizers.md). ``CudaGraphOptimizer``
     captures both; with ``cholesky`` one host synchronization per step (after the replay)
     reads whether a factorization failed.
 
