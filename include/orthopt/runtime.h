@@ -35,15 +35,19 @@ bool gpu_kernels_enabled();
 // torch's TF32 switch for fp32 cuBLAS products (`at::globalContext().setAllowTF32CuBLAS`, what
 // `torch.backends.cuda.matmul.allow_tf32 = True` does in Python) turned on for this object's
 // lifetime when `on`, then restored; when not `on` the process's setting is left as it is.
+// forbidden(): turned off for the object's lifetime, then restored, for products that must stay
+// fp32 whatever the caller chose (Dion's Householder QR: algorithms.md's "QR in fp32").
 class Tf32Products {
  public:
   explicit Tf32Products(bool on);
+  static Tf32Products forbidden();
   ~Tf32Products();
   Tf32Products(const Tf32Products&) = delete;
   Tf32Products& operator=(const Tf32Products&) = delete;
 
  private:
-  bool on_;
+  Tf32Products(bool change, bool allow);
+  bool change_;
   bool prev_;
 };
 

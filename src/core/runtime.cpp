@@ -63,12 +63,17 @@ void init_runtime() {
   at::set_num_threads(threads);
 }
 
-Tf32Products::Tf32Products(bool on) : on_(on), prev_(at::globalContext().allowTF32CuBLAS()) {
-  if (on_) at::globalContext().setAllowTF32CuBLAS(true);
+Tf32Products::Tf32Products(bool on) : Tf32Products(on, true) {}
+
+Tf32Products::Tf32Products(bool change, bool allow)
+    : change_(change), prev_(at::globalContext().allowTF32CuBLAS()) {
+  if (change_) at::globalContext().setAllowTF32CuBLAS(allow);
 }
 
+Tf32Products Tf32Products::forbidden() { return Tf32Products(true, false); }
+
 Tf32Products::~Tf32Products() {
-  if (on_) at::globalContext().setAllowTF32CuBLAS(prev_);
+  if (change_) at::globalContext().setAllowTF32CuBLAS(prev_);
 }
 
 bool gpu_kernels_enabled() {

@@ -1,6 +1,5 @@
 #include "optim/update_math.h"
 
-#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -254,12 +253,7 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   TORCH_CHECK(!kernel_panel, "householder_q_blocked: argument 'kernel_panel': this build has no CUDA kernels");
 #endif
   // "QR in fp32" (algorithms.md §6): TF32 products would leave Q orthogonal to ≈ 1e-3 only.
-  const bool tf32 = at::globalContext().allowTF32CuBLAS();
-  at::globalContext().setAllowTF32CuBLAS(false);
-  struct Restore {
-    bool on;
-    ~Restore() { at::globalContext().setAllowTF32CuBLAS(on); }
-  } restore{tf32};
+  const auto fp32 = Tf32Products::forbidden();
   const int64_t m = P.size(-2), r = P.size(-1);
   at::Tensor A = P.reshape({-1, m, r}).clone(at::MemoryFormat::Contiguous);
   const int64_t B = A.size(0);

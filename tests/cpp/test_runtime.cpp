@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -63,4 +64,29 @@ TEST(Runtime, InitRuntimeAppliedTheDefault) {
   if (orthopt::requested_threads() > 0) GTEST_SKIP() << "thread count set by the environment";
   EXPECT_EQ(at::get_num_threads(),
             orthopt::default_intra_op_threads(orthopt::available_cores(), orthopt::blas_threading()));
+}
+
+// The scoped TF32 switch: on, left alone, forbidden; each restores the setting it found.
+TEST(Runtime, Tf32ProductsScopes) {
+  auto& ctx = at::globalContext();
+  const bool before = ctx.allowTF32CuBLAS();
+  for (bool start : {false, true}) {
+    ctx.setAllowTF32CuBLAS(start);
+    {
+      const orthopt::Tf32Products on(true);
+      EXPECT_TRUE(ctx.allowTF32CuBLAS());
+      {
+        const auto off = orthopt::Tf32Products::forbidden();
+        EXPECT_FALSE(ctx.allowTF32CuBLAS());
+      }
+      EXPECT_TRUE(ctx.allowTF32CuBLAS());
+    }
+    EXPECT_EQ(ctx.allowTF32CuBLAS(), start);
+    {
+      const orthopt::Tf32Products leave(false);
+      EXPECT_EQ(ctx.allowTF32CuBLAS(), start);
+    }
+    EXPECT_EQ(ctx.allowTF32CuBLAS(), start);
+  }
+  ctx.setAllowTF32CuBLAS(before);
 }
