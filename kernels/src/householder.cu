@@ -122,6 +122,22 @@ int panel_width(int64_t cols) {
   return w;
 }
 
+// Dynamic shared memory a panel may take on the current device: kPanelBytes (what the kernel was
+// measured with on an H200), or less where the device's opt-in limit per block, less the kernel's
+// static shared memory, is lower (A100: 163 KiB); 0 if the device cannot be queried.
+int64_t panel_bytes() {
+  int device = 0, optin = 0;
+  cudaFuncAttributes attr{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, householder_panel_kernel) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: leave no error for the next call to find
+    return 0;
+  }
+  const int64_t avail = static_cast<int64_t>(optin) - static_cast<int64_t>(attr.sharedSizeBytes);
+  return avail < kPanelBytes ? (avail > 0 ? avail : 0) : kPanelBytes;
+}
+
 }  // namespace
 }  // namespace orthopt_k
 
@@ -129,7 +145,7 @@ using namespace orthopt_k;
 
 extern "C" int64_t orthopt_householder_panel_max_rows(int64_t cols) {
   if (cols < 1 || cols > 32) return 0;
-  return kPanelBytes / (static_cast<int64_t>(sizeof(float)) * panel_width(cols));
+  return panel_bytes() / (static_cast<int64_t>(sizeof(float)) * panel_width(cols));
 }
 
 extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows, int64_t cols, const float* A,
@@ -153,7 +169,7 @@ extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows,
   const int width = panel_width(cols);
   const size_t smem = static_cast<size_t>(rows) * width * sizeof(float);
   ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(householder_panel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kPanelBytes)));
+                                        static_cast<int>(panel_bytes())));
   const PanelArgs args{rows, ld, stride_a, static_cast<int>(cols), width, A, V};
   householder_panel_kernel<<<static_cast<unsigned>(batch), kThreads, smem, stream>>>(args);
   ORTHOPT_CUDA_TRY(cudaGetLastError());

@@ -8,7 +8,10 @@
 
 namespace orthopt::cuda {
 
-int64_t householder_panel_max_rows(int64_t cols) { return orthopt_householder_panel_max_rows(cols); }
+int64_t householder_panel_max_rows(int64_t cols, const at::Device& device) {
+  const c10::cuda::CUDAGuard guard(device);
+  return orthopt_householder_panel_max_rows(cols);
+}
 
 at::Tensor householder_panel(const at::Tensor& A) {
   const char* fn = "orthopt::cuda::householder_panel";

@@ -7,8 +7,9 @@
 
 namespace orthopt::cuda {
 
-// The most rows a panel of `cols` (1..32) columns may have (shared memory); 0 otherwise.
-int64_t householder_panel_max_rows(int64_t cols);
+// The most rows a panel of `cols` (1..32) columns may have on `device` (its shared memory per
+// block); 0 otherwise.
+int64_t householder_panel_max_rows(int64_t cols, const at::Device& device);
 
 // V [B, rows, cols] (fp32, contiguous) of the panel A [B, rows, cols]: fp32 on a CUDA device,
 // any batch stride, rows with unit column stride (e.g. a narrow() of a contiguous batch).

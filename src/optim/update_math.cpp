@@ -316,8 +316,8 @@ at::Tensor householder_q(const at::Tensor& P) {
   if (P.is_cuda() && P.scalar_type() == at::kFloat && gpu_kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
       P.size(-2) >= P.size(-1)) {
     int64_t width = 32;
-    while (width > 1 && cuda::householder_panel_max_rows(width) < P.size(-2)) width /= 2;
-    if (cuda::householder_panel_max_rows(width) >= P.size(-2))
+    while (width > 1 && cuda::householder_panel_max_rows(width, P.device()) < P.size(-2)) width /= 2;
+    if (cuda::householder_panel_max_rows(width, P.device()) >= P.size(-2))
       return householder_q_blocked(P, std::min<int64_t>(width, P.size(-1)), /*kernel_panel=*/true);
   }
 #endif

@@ -511,7 +511,7 @@ TEST_F(GpuFused, HouseholderPanelMatchesReference) {
   at::manual_seed(12);
   for (const auto& [B, L, b, lead] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
            {3, 2048, 16, 16}, {2, 5632, 8, 8}, {4, 768, 32, 40}, {3, 300, 5, 64}, {2, 9, 9, 9}, {2, 6400, 1, 3}}) {
-    ASSERT_GE(orthopt::cuda::householder_panel_max_rows(b), L) << L << "x" << b;
+    ASSERT_GE(orthopt::cuda::householder_panel_max_rows(b, at::Device(at::kCUDA, 0)), L) << L << "x" << b;
     const at::Tensor wide = at::randn({B, L, lead}, cuda);
     at::Tensor A = wide.narrow(2, lead - b, b);  // rows of unit column stride, ld = lead
     if (b > 3) A.select(2, 2).zero_();           // a zero column below the others
@@ -524,7 +524,7 @@ TEST_F(GpuFused, HouseholderPanelMatchesReference) {
     EXPECT_TRUE(at::isfinite(V).all().item<bool>());
     EXPECT_TRUE(at::equal(V, orthopt::cuda::householder_panel(A))) << "deterministic";
   }
-  const at::Tensor too_tall = at::randn({1, orthopt::cuda::householder_panel_max_rows(32) + 1, 32}, cuda);
+  const at::Tensor too_tall = at::randn({1, orthopt::cuda::householder_panel_max_rows(32, at::Device(at::kCUDA, 0)) + 1, 32}, cuda);
   std::string err = error_of([&] { orthopt::cuda::householder_panel(too_tall); });
   EXPECT_NE(err.find("shared memory"), std::string::npos) << err;
   err = error_of([&] { orthopt::cuda::householder_panel(at::randn({1, 40, 33}, cuda)); });
