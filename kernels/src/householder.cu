@@ -20,7 +20,8 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;
-// Shared memory for the panel: what the device allows a block, less the reduction scratch.
+// Shared memory for the panel at most (what the kernel was measured with on an H200); less where
+// the device allows less (panel_bytes()).
 constexpr int64_t kPanelBytes = 200 * 1024;
 
 struct PanelArgs {
@@ -143,10 +144,12 @@ int64_t panel_bytes() {
 
 using namespace orthopt_k;
 
-extern "C" int64_t orthopt_householder_panel_max_rows(int64_t cols) {
+static int64_t max_rows(int64_t cols, int64_t bytes) {
   if (cols < 1 || cols > 32) return 0;
-  return panel_bytes() / (static_cast<int64_t>(sizeof(float)) * panel_width(cols));
+  return bytes / (static_cast<int64_t>(sizeof(float)) * panel_width(cols));
 }
+
+extern "C" int64_t orthopt_householder_panel_max_rows(int64_t cols) { return max_rows(cols, panel_bytes()); }
 
 extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows, int64_t cols, const float* A,
                                                     int64_t ld, int64_t stride_a, float* V, cudaStream_t stream) {
@@ -159,9 +162,10 @@ extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows,
   if (rows < cols)
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'rows' = %lld is less than 'cols' = %lld", fn, (long long)rows,
                 (long long)cols);
-  if (rows > orthopt_householder_panel_max_rows(cols))
+  const int64_t bytes = panel_bytes();  // one device query for the check and the launch
+  if (rows > max_rows(cols, bytes))
     return fail(ORTHOPT_ERR_INVALID, "%s: a panel of %lld rows and %lld columns exceeds shared memory (max %lld rows)",
-                fn, (long long)rows, (long long)cols, (long long)orthopt_householder_panel_max_rows(cols));
+                fn, (long long)rows, (long long)cols, (long long)max_rows(cols, bytes));
   if (ld < cols) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'ld' = %lld is less than 'cols'", fn, (long long)ld);
   if (batch > int64_t(INT32_MAX))
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' = %lld exceeds one launch", fn, (long long)batch);
@@ -169,7 +173,7 @@ extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows,
   const int width = panel_width(cols);
   const size_t smem = static_cast<size_t>(rows) * width * sizeof(float);
   ORTHOPT_CUDA_TRY(cudaFuncSetAttribute(householder_panel_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(panel_bytes())));
+                                        static_cast<int>(bytes)));
   const PanelArgs args{rows, ld, stride_a, static_cast<int>(cols), width, A, V};
   householder_panel_kernel<<<static_cast<unsigned>(batch), kThreads, smem, stream>>>(args);
   ORTHOPT_CUDA_TRY(cudaGetLastError());

@@ -315,9 +315,11 @@ at::Tensor householder_q(const at::Tensor& P) {
   // fewer launches; taller than the widest panel the kernel takes: cuSOLVER.
   if (P.is_cuda() && P.scalar_type() == at::kFloat && gpu_kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
       P.size(-2) >= P.size(-1)) {
+    // One device query: a panel of width w (a power of two) takes max_rows(1) / w rows.
+    const int64_t rows_1 = cuda::householder_panel_max_rows(1, P.device());
     int64_t width = 32;
-    while (width > 1 && cuda::householder_panel_max_rows(width, P.device()) < P.size(-2)) width /= 2;
-    if (cuda::householder_panel_max_rows(width, P.device()) >= P.size(-2))
+    while (width > 1 && rows_1 / width < P.size(-2)) width /= 2;
+    if (rows_1 / width >= P.size(-2))
       return householder_q_blocked(P, std::min<int64_t>(width, P.size(-1)), /*kernel_panel=*/true);
   }
 #endif

@@ -96,15 +96,16 @@ at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q);
 DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
 // Q of the fp32 Householder QR of P [..., m, r]: LAPACK on the CPU (and with
 // ORTHOPT_GPU_KERNELS=0, cuSOLVER on a GPU, through linalg_qr); on a GPU with the kernels,
-// householder_q_blocked with the panel kernel, same reflectors (β = −sign(α)·‖x‖, so the same
-// column signs as LAPACK's up to rounding), in batched products instead of cuSOLVER's one call
-// per matrix.
+// householder_q_blocked with the panel kernel, LAPACK's reflectors (β = −sign(α)·‖x‖: the same
+// column signs, except where a column has nothing below its diagonal, which LAPACK leaves and
+// ours negates), in batched products instead of cuSOLVER's one call per matrix.
 at::Tensor householder_q(const at::Tensor& P);
 // The blocked Householder QR (compact WY, LAPACK's geqrf + orgqr in batched form) of P [..., m, r]
 // (fp32, m >= r): panels of `panel_cols` columns reduced by householder_panel_reference or, with
-// `kernel_panel` (CUDA tensors), by orthopt_householder_panel; each panel's T from VᵀV
-// (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²), the trailing columns updated and Q
-// accumulated backwards from I[:, :r] by products. Products in full fp32 (TF32 off inside).
+// `kernel_panel` (CUDA tensors), by orthopt_householder_panel, combined recursively; each
+// block's T from VᵀV (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²), the trailing
+// columns updated and Q accumulated backwards from I[:, :r] by products. Products in full fp32
+// (TF32 off inside).
 at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel);
 // Xᵀ·Y for X [B, L, a], Y [B, L, b] as `splits` partial products over chunks of L (taken as
 // extra batch entries), summed: the blocked QR's inner products of reflectors (long L, small
