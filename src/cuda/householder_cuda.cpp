@@ -13,21 +13,37 @@ int64_t householder_panel_max_rows(int64_t cols, const at::Device& device) {
   return orthopt_householder_panel_max_rows(cols);
 }
 
-at::Tensor householder_panel(const at::Tensor& A) {
+int64_t householder_panel_waves(int64_t batch, int64_t rows, int64_t cols, const at::Device& device) {
+  const c10::cuda::CUDAGuard guard(device);
+  return orthopt_householder_panel_waves(batch, rows, cols);
+}
+
+void householder_panel_into(const at::Tensor& A, at::Tensor& V) {
   const char* fn = "orthopt::cuda::householder_panel";
-  TORCH_CHECK(A.defined() && A.is_cuda() && A.scalar_type() == at::kFloat && A.dim() == 3, fn,
-              ": argument 'A' must be an fp32 CUDA tensor [B, rows, cols], got ",
-              A.defined() ? A.sizes() : at::IntArrayRef{});
-  TORCH_CHECK(A.stride(2) == 1 && A.stride(1) >= A.size(2), fn,
-              ": argument 'A' must have rows of unit column stride, got strides ", A.strides());
+  auto check_panel = [&](const at::Tensor& X, const char* name) {
+    TORCH_CHECK(X.defined() && X.is_cuda() && X.scalar_type() == at::kFloat && X.dim() == 3, fn, ": argument '",
+                name, "' must be an fp32 CUDA tensor [B, rows, cols], got ", X.defined() ? X.sizes() : at::IntArrayRef{});
+    TORCH_CHECK(X.stride(2) == 1 && X.stride(1) >= X.size(2), fn, ": argument '", name,
+                "' must have rows of unit column stride, got strides ", X.strides());
+  };
+  check_panel(A, "A");
+  check_panel(V, "V");
+  TORCH_CHECK(V.sizes() == A.sizes() && V.device() == A.device(), fn, ": argument 'V' must have A's sizes ",
+              A.sizes(), " and device, got ", V.sizes());
   const int64_t B = A.size(0), rows = A.size(1), cols = A.size(2);
-  at::Tensor V = at::empty({B, rows, cols}, A.options().memory_format(at::MemoryFormat::Contiguous));
-  if (B == 0 || cols == 0) return V;
+  if (B == 0 || cols == 0) return;
   const c10::cuda::CUDAGuard guard(A.device());
-  const orthopt_status st =
-      orthopt_householder_panel(B, rows, cols, A.data_ptr<float>(), A.stride(1), A.stride(0), V.data_ptr<float>(),
-                                at::cuda::getCurrentCUDAStream().stream());
+  const orthopt_status st = orthopt_householder_panel(B, rows, cols, A.data_ptr<float>(), A.stride(1), A.stride(0),
+                                                      V.data_ptr<float>(), V.stride(1), V.stride(0),
+                                                      at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
+}
+
+at::Tensor householder_panel(const at::Tensor& A) {
+  TORCH_CHECK(A.defined() && A.dim() == 3, "orthopt::cuda::householder_panel: argument 'A' must be [B, rows, cols], got ",
+              A.defined() ? A.sizes() : at::IntArrayRef{});
+  at::Tensor V = at::empty(A.sizes(), A.options().memory_format(at::MemoryFormat::Contiguous));
+  householder_panel_into(A, V);
   return V;
 }
 

@@ -7,13 +7,20 @@
 
 namespace orthopt::cuda {
 
-// The most rows a panel of `cols` (1..32) columns may have on `device` (its shared memory per
-// block); 0 otherwise.
+// The most rows a panel of `cols` (1..32) columns may have on `device`; 0 otherwise.
 int64_t householder_panel_max_rows(int64_t cols, const at::Device& device);
+
+// Waves of one launch of `batch` panels [rows, cols] on `device` (the fewer, the more of the
+// GPU each panel's columns use); 0 where the kernel cannot take the panel.
+int64_t householder_panel_waves(int64_t batch, int64_t rows, int64_t cols, const at::Device& device);
 
 // V [B, rows, cols] (fp32, contiguous) of the panel A [B, rows, cols]: fp32 on a CUDA device,
 // any batch stride, rows with unit column stride (e.g. a narrow() of a contiguous batch).
 at::Tensor householder_panel(const at::Tensor& A);
+
+// The same V written into `V` (A's sizes, rows of unit column stride, e.g. the blocked QR's
+// narrow() of its V; must not overlap A).
+void householder_panel_into(const at::Tensor& A, at::Tensor& V);
 
 }  // namespace orthopt::cuda
 #endif

@@ -280,12 +280,14 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
     const int64_t L = m - j0;
     if (n <= panel_cols) {
       const at::Tensor panel = A.narrow(1, j0, L).narrow(2, j0, n);
+      at::Tensor Vp = V.narrow(1, j0, L).narrow(2, j0, n);
 #ifdef ORTHOPT_WITH_CUDA
-      const at::Tensor Vp = kernel_panel ? cuda::householder_panel(panel) : householder_panel_reference(panel);
-#else
-      const at::Tensor Vp = householder_panel_reference(panel);
+      if (kernel_panel) {
+        cuda::householder_panel_into(panel, Vp);  // straight into V: no copy
+        return;
+      }
 #endif
-      V.narrow(1, j0, L).narrow(2, j0, n).copy_(Vp);
+      Vp.copy_(householder_panel_reference(panel));
       return;
     }
     const int64_t n1 = (n / 2 + panel_cols - 1) / panel_cols * panel_cols;  // whole panels, < n
@@ -311,16 +313,20 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
 
 at::Tensor householder_q(const at::Tensor& P) {
 #ifdef ORTHOPT_WITH_CUDA
-  // Panels as wide as shared memory allows for this height (up to 32 columns): fewer panels,
-  // fewer launches; taller than the widest panel the kernel takes: cuSOLVER.
+  // Panels of the width whose launches take the fewest waves on this GPU (a panel's columns are
+  // sequential, so a second wave doubles its time), the widest of those (fewer panels and
+  // launches, longer inner dimensions for the products); taller than the kernel takes: cuSOLVER.
   if (P.is_cuda() && P.scalar_type() == at::kFloat && gpu_kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
       P.size(-2) >= P.size(-1)) {
-    // One device query: a panel of width w (a power of two) takes max_rows(1) / w rows.
-    const int64_t rows_1 = cuda::householder_panel_max_rows(1, P.device());
-    int64_t width = 32;
-    while (width > 1 && rows_1 / width < P.size(-2)) width /= 2;
-    if (rows_1 / width >= P.size(-2))
-      return householder_q_blocked(P, std::min<int64_t>(width, P.size(-1)), /*kernel_panel=*/true);
+    const int64_t m = P.size(-2), r = P.size(-1), batch = P.numel() / (m * r);
+    int64_t best = 0, best_waves = 0;
+    for (int64_t width = 32; width >= 1; width /= 2) {
+      const int64_t cols = std::min(width, r);
+      if (cols < width && width < 32) continue;  // r < width: the same panels as the wider try
+      const int64_t waves = cuda::householder_panel_waves(batch, m, cols, P.device());
+      if (waves > 0 && (best == 0 || waves < best_waves)) best = cols, best_waves = waves;
+    }
+    if (best > 0) return householder_q_blocked(P, best, /*kernel_panel=*/true);
   }
 #endif
   return std::get<0>(at::linalg_qr(P, "reduced"));

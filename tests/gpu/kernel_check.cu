@@ -1465,25 +1465,35 @@ bool hopper() {
 }
 
 // orthopt_householder_panel against a float64 host reduction of the same panel (the same
-// reflectors: β = −sign(α)·‖x‖, v_c = 1, a zero column takes v = e_c). V is poisoned; A, a
-// strided view (ld > cols), must keep its bytes. V's entries are <= 1 and each comes from at most
-// `cols` reflectors, each a dot of `rows` fp32 products (≈ √rows·2^-24 relative): ≈ 1e-5 at
-// 5632 rows; 1e-4 leaves a factor 10, a wrong entry is O(0.1).
-void check_householder_panel(int64_t batch, int64_t rows, int64_t cols, int64_t ld, bool zero_col, std::mt19937& rng) {
-  Buf32 A(batch * rows * ld), V(batch * rows * cols);
+// reflectors: β = −sign(α)·‖x‖, v_c = 1, a zero column takes v = e_c). V is poisoned and written
+// with a row stride ldv (> cols: the gaps must keep their poison); A, a strided view (ld > cols),
+// must keep its bytes. `wide_range` scales the columns by 1e30, 1e-30, 1, ...: V does not change
+// under column scaling, and the kernel's fp32 sums must neither overflow nor underflow. V's
+// entries are <= 1 and each comes from at most `cols` reflectors, each a dot of `rows` fp32
+// products (≈ √rows·2^-24 relative): ≈ 1e-5 at 5632 rows; 1e-4 leaves a factor 10, a wrong
+// entry is O(0.1). Panels taller than one CTA's registers run as a cluster of CTAs.
+void check_householder_panel(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t ldv, bool zero_col,
+                             bool wide_range, std::mt19937& rng) {
+  Buf32 A(batch * rows * ld), V(batch * rows * ldv);
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (auto& x : A.host) x = n(rng);
-  if (zero_col)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t r = 0; r < rows; ++r) A.host[(b * rows + r) * ld + cols / 2] = 0.0f;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = A.host[(b * rows + r) * ld + c];
+        if (zero_col && c == cols / 2) x = 0.0f;
+        if (wide_range) x *= c % 3 == 0 ? 1e30f : c % 3 == 1 ? 1e-30f : 1.0f;
+      }
   const std::vector<float> A0 = A.host;
   A.upload();
-  V.poison();
-  const orthopt_status st = orthopt_householder_panel(batch, rows, cols, A.dev, ld, rows * ld, V.dev, nullptr);
+  V.poison();  // 0xFF bytes on the device
+  const orthopt_status st =
+      orthopt_householder_panel(batch, rows, cols, A.dev, ld, rows * ld, V.dev, ldv, rows * ldv, nullptr);
   if (call_failed(st, "householder_panel")) return;
   A.download();
   V.download();
   double worst = 0.0;
+  bool gaps_kept = true;
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<double> P(rows * cols);
     for (int64_t r = 0; r < rows; ++r)
@@ -1503,17 +1513,25 @@ void check_householder_panel(int64_t batch, int64_t rows, int64_t cols, int64_t 
       }
       for (int64_t r = 0; r < c; ++r) P[r * cols + c] = 0.0;
     }
-    for (int64_t e = 0; e < rows * cols; ++e) {
-      const double got = V.host[b * rows * cols + e];
-      worst = std::max(worst, std::isfinite(got) ? std::fabs(got - P[e]) / 1e-4 : 1e30);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const double got = V.host[(b * rows + r) * ldv + c];
+        worst = std::max(worst, std::isfinite(got) ? std::fabs(got - P[r * cols + c]) / 1e-4 : 1e30);
+      }
+      for (int64_t c = cols; c < ldv; ++c) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &V.host[(b * rows + r) * ldv + c], sizeof(bits));
+        gaps_kept &= bits == 0xFFFFFFFFu;
+      }
     }
   }
   const bool a_kept = std::memcmp(A.host.data(), A0.data(), A0.size() * sizeof(float)) == 0;
-  const bool ok = worst <= 1.0 && a_kept;
+  const bool ok = worst <= 1.0 && a_kept && gaps_kept;
   if (!ok) ++g_failures;
-  std::printf("%s householder panel batch=%lld rows=%lld cols=%lld ld=%lld%s worst err/tol=%.3f%s\n",
-              ok ? "ok  " : "FAIL", (long long)batch, (long long)rows, (long long)cols, (long long)ld,
-              zero_col ? " zero column" : "", worst, a_kept ? "" : " INPUT-OVERWRITTEN");
+  std::printf("%s householder panel batch=%lld rows=%lld cols=%lld ld=%lld ldv=%lld%s%s worst err/tol=%.3f%s%s\n",
+              ok ? "ok  " : "FAIL", (long long)batch, (long long)rows, (long long)cols, (long long)ld, (long long)ldv,
+              zero_col ? " zero column" : "", wide_range ? " columns scaled 1e30/1e-30" : "", worst,
+              a_kept ? "" : " INPUT-OVERWRITTEN", gaps_kept ? "" : " V-GAPS-WRITTEN");
 }
 
 int main(int argc, char** argv) {
@@ -1604,14 +1622,19 @@ int main(int argc, char** argv) {
   check_multi(quick, rng);
   check_scale_casts(quick, rng);
   // Householder panels: power-of-two widths and not, one row more than columns, a zero column,
-  // the widest panel shared memory takes at Llama's heights (full list).
-  check_householder_panel(2, 50, 5, 7, false, rng);
-  check_householder_panel(1, 33, 32, 32, true, rng);
-  check_householder_panel(3, 200, 16, 20, true, rng);
-  check_householder_panel(2, 9, 9, 9, false, rng);
+  // columns 60 orders of magnitude apart, strided V; one CTA and clusters of 2, 6 and 8 (the
+  // tallest panel of 32 columns), Llama's heights (full list).
+  check_householder_panel(2, 50, 5, 7, 5, false, false, rng);
+  check_householder_panel(1, 33, 32, 32, 35, true, false, rng);
+  check_householder_panel(3, 200, 16, 20, 16, true, true, rng);
+  check_householder_panel(2, 9, 9, 9, 9, false, false, rng);
+  check_householder_panel(2, 1500, 32, 32, 33, false, true, rng);  // a cluster of 2
   if (!quick) {
-    check_householder_panel(2, 2048, 16, 16, false, rng);
-    check_householder_panel(1, 5632, 8, 8, true, rng);
+    check_householder_panel(2, 2048, 16, 16, 16, false, false, rng);
+    check_householder_panel(1, 5632, 8, 8, 8, true, false, rng);
+    check_householder_panel(2, 5632, 32, 40, 32, true, false, rng);  // a cluster of 6
+    check_householder_panel(1, 8192, 32, 32, 32, false, true, rng);  // 8: the largest
+    check_householder_panel(1, 30000, 1, 1, 1, false, false, rng);
   }
   std::printf("kernel_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");

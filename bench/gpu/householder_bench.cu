@@ -1,0 +1,88 @@
+// Timings of the Householder panel kernel (orthopt_householder_panel) on the panels of Dion's
+// blocked QR (GPT-2 and Llama P banks), and where the time goes: each shape at its full width and
+// at half of it plus one column (the same kernel instance), so the difference is the cost of the
+// extra columns and the rest the launch, the loads and the stores. Also the waves the planner
+// (orthopt_householder_panel_waves) sees for each width. CUDA events, median of 30 launches
+// after 5 warm-ups. Prints a markdown table.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "orthopt_kernels.h"
+
+namespace {
+
+#define CK(x)                                                                                         \
+  do {                                                                                                \
+    auto e_ = (x);                                                                                    \
+    if (e_ != 0) {                                                                                    \
+      std::printf("error %d at %s:%d: %s\n", static_cast<int>(e_), __FILE__, __LINE__, orthopt_last_error()); \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+__global__ void fill(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = (h & 0xFFFFFF) / 16777216.0f - 0.5f;
+  }
+}
+
+double median_ms(int64_t batch, int64_t rows, int64_t cols, const float* A, float* V) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  auto launch = [&] { CK(orthopt_householder_panel(batch, rows, cols, A, 32, rows * 32, V, 32, rows * 32, nullptr)); };
+  for (int i = 0; i < 5; ++i) launch();
+  std::vector<float> ms;
+  for (int i = 0; i < 30; ++i) {
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("householder_bench: no CUDA device\n");
+    return 77;
+  }
+  struct Shape { int64_t batch, rows; const char* what; };
+  const std::vector<Shape> shapes = {{12, 768, "GPT-2 768-row P"},   {12, 3072, "GPT-2 3072-row P"},
+                                     {88, 2048, "Llama 2048-row P"}, {22, 2048, "Llama 2048-row P (22)"},
+                                     {22, 5632, "Llama 5632-row P"}};
+  size_t most = 0;
+  for (const auto& s : shapes) most = std::max(most, static_cast<size_t>(s.batch * s.rows * 32));
+  float *A = nullptr, *V = nullptr;
+  CK(cudaMalloc(&A, most * sizeof(float)));
+  CK(cudaMalloc(&V, most * sizeof(float)));
+  fill<<<1024, 256>>>(A, most, 7);
+  CK(cudaDeviceSynchronize());
+  std::printf("| panels | width | waves | ms (full width) | ms (width/2 + 1 cols) | us per extra column |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    for (int64_t w : {32, 16, 8}) {
+      const int64_t waves = orthopt_householder_panel_waves(s.batch, s.rows, w);
+      if (s.rows > orthopt_householder_panel_max_rows(w)) continue;
+      const double full = median_ms(s.batch, s.rows, w, A, V), part = median_ms(s.batch, s.rows, w / 2 + 1, A, V);
+      std::printf("| %lld×%lld (%s) | %lld | %lld | %.4f | %.4f | %.2f |\n", (long long)s.batch, (long long)s.rows,
+                  s.what, (long long)w, (long long)waves, full, part, 1e3 * (full - part) / double(w / 2 - 1));
+    }
+  }
+  CK(cudaFree(A));
+  CK(cudaFree(V));
+  return 0;
+}
