@@ -272,9 +272,10 @@ orthopt_status orthopt_dion3_take_rows(int64_t batch, int64_t rows, int64_t cols
  * a power of two first (V unchanged; no overflow or underflow of the sums); deterministic.
  * One launch (the panel in registers, a cluster of up to 8 CTAs per panel where one CTA cannot
  * hold it), no allocation, no host synchronization (graph-capturable). batch or cols 0: nothing. */
-/* The tallest panel of `cols` columns on the current device: 8192 rows at 17 to 32 columns,
- * 16384 at 9 to 16, ... with clusters (compute capability 9.0 on), a eighth of that without;
- * 0 when cols is not in [1, 32] or the device cannot be queried. */
+/* The tallest panel of `cols` columns on the current device: with clusters (compute capability
+ * 9.0 on, and this library compiled for it) 8192 rows at 17 to 32 columns, 16384 at 9 to 16,
+ * 32768 at 5 to 8, 65536 at 1 to 4; an eighth of that without; 0 when cols is not in [1, 32] or
+ * the device cannot be queried. */
 int64_t orthopt_householder_panel_max_rows(int64_t cols);
 /* How many waves a launch of `batch` panels [rows, cols] takes on the current device (panels
  * resident at once, from the occupancy of its cluster size): the caller's choice of panel width.

@@ -4,20 +4,25 @@
 // torch's linalg_qr calls once per matrix, spent ≈ 4 ms per 2048×512 matrix on an H200: Dion's
 // step with its default QR was the QRs (docs/gpu.md).
 //
-// The panel lives in registers: a cluster of C CTAs per matrix (C = 1 where one CTA holds it),
-// each thread holding RPT whole rows of width W (cols rounded up to a power of two; RPT·W =
-// kRegs). Per column c the work is a few fused multiply-adds per row; what costs is the column's
-// sums over all rows, so a column takes one reduction (warp, CTA, cluster through distributed
-// shared memory) and one pass:
+// The panel lives in registers: a cluster of C CTAs per matrix (C = 1 where one CTA holds it,
+// up to 8), each thread holding RPT whole rows of width W (cols rounded up to a power of two;
+// RPT·W = kRegs). Per column c the work is a few fused multiply-adds per row; what costs is the
+// column's sums over all rows and the barrier, so a column takes one of each:
 //   - reduce, for the current column x = a_{·,c}: σ = Σ_{r>c} x_r² and dot_k = Σ_{r>c} x_r·a_rk
-//     for k > c (summed in the previous column's pass), and read row c;
-//   - the reflector's scalars (one warp per CTA, fp64; every CTA of the cluster the same);
+//     for k > c (summed in the previous column's pass) within each warp, then one barrier (the
+//     cluster's), after which every warp adds up all warps' partials of the cluster (distributed
+//     shared memory) and row c, and computes the reflector's scalars itself in fp64: the same
+//     bits everywhere, so no second barrier is needed to share them;
 //   - pass: v_r = x_r·scale below the diagonal, a_rk −= τ·w_k·v_r, and the next column's sums.
+// The column loop is not unrolled (unrolled over 32 columns, the straight-line code streamed from
+// L2 and the warps stalled on instruction fetch: Nsight Compute, H200). Register indices must be
+// constants, so the columns rotate instead: after column c every row shifts left by one and v
+// goes last, so the current column is always position 0.
 // Sums: fp32 over a thread's rows and across a warp's lanes (a tree), fp64 across warps and CTAs.
-// fp32 products cannot overflow or underflow harmfully because every column is first scaled by a
-// power of two to a largest magnitude in [0.5, 1): V does not change under positive column scaling
-// (QR of A·D has the Q of A), and a power of two changes no rounding, so V is bit for bit that
-// of the unscaled panel.
+// fp32 products and sums cannot overflow or underflow harmfully because every column is first
+// scaled by a power of two to a largest magnitude in [0.5, 1): V does not change under positive
+// column scaling (QR of A·D has the Q of A), and a power of two changes no rounding, so V is the
+// unscaled panel's bit for bit wherever the unscaled sums would have stayed in range.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -197,8 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) householder_panel_kernel(const Pa
   }
 
   // Column c. Positions: j < W − c holds column c + j, j >= W − c holds v_{c+j−W} (done). Not
-  // unrolled: one column's code stays in the instruction cache (unrolled over 32 columns, the
-  // straight-line code streamed from L2 and the warps stalled on instruction fetch).
+  // unrolled: one column's code stays in the instruction cache (see the top).
 #pragma unroll 1
   for (int c = 0; c < a.cols; ++c) {
     const int par = c & 1;
@@ -319,16 +323,24 @@ void* kernel_for(int width) {
 // (compute capability 9.0 on) and the kernel running there was compiled for them, else 1 (a
 // build for an older architecture, JIT-compiled on a Hopper device, has no cluster code: its
 // CTAs would each sum only their own rows); 0 if the device cannot be queried.
+// Queried once per thread and device (every launch asks).
 int max_cluster() {
+  static thread_local int known[64] = {};  // 0: not asked yet, else the answer + 1
   int device = 0, clusters = 0;
-  cudaFuncAttributes attr{};
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
-      cudaFuncGetAttributes(&attr, householder_panel_kernel<32>) != cudaSuccess) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // not sticky: leave no error for the next call to find
     return 0;
   }
-  return clusters && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 ? kMaxCluster : 1;
+  if (device < 64 && known[device] > 0) return known[device] - 1;
+  cudaFuncAttributes attr{};
+  if (cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, householder_panel_kernel<32>) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int n = clusters && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 ? kMaxCluster : 1;
+  if (device < 64) known[device] = n + 1;
+  return n;
 }
 
 // CTAs per panel: the fewest whose registers hold `rows` rows of `width`; 0 if more than `limit`.
