@@ -15,17 +15,9 @@
 #include <vector>
 
 #include "../../kernels/src/internal.h"
+#include "bench_check.h"
 
 namespace {
-
-#define CK(x)                                                                                         \
-  do {                                                                                                \
-    auto e_ = (x);                                                                                    \
-    if (e_ != 0) {                                                                                    \
-      std::printf("error %d at %s:%d: %s\n", static_cast<int>(e_), __FILE__, __LINE__, orthopt_last_error()); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 __global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {

@@ -420,6 +420,8 @@ extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows,
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'rows' = %lld is less than 'cols' = %lld", fn, (long long)rows,
                 (long long)cols);
   const int width = panel_width(cols), limit = max_cluster();
+  if (limit == 0)
+    return fail(ORTHOPT_ERR_CUDA, "%s: the current device cannot be queried, or this build has no code for it", fn);
   const int ctas = ctas_for(rows, width, limit);
   if (ctas == 0)
     return fail(ORTHOPT_ERR_INVALID, "%s: a panel of %lld rows and %lld columns exceeds the registers of %d CTAs (max %lld rows)",
