@@ -382,26 +382,28 @@ extern "C" int64_t orthopt_householder_panel_waves(int64_t batch, int64_t rows, 
   static int cache[64][6][kMaxCluster + 1] = {};
   int device = 0, lw = 0;
   while ((1 << lw) < width) ++lw;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
+  if (device >= 64) return 0;
   std::lock_guard<std::mutex> lock(mutex);
   int& resident = cache[device][lw][ctas];
   if (resident == 0) {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = launch_config(&attr, 1, ctas, nullptr);
     int n = 0;
+    bool ok = true;
     if (ctas > 1) {
-      if (cudaOccupancyMaxActiveClusters(&n, kernel_for(width), &cfg) != cudaSuccess) n = 0;
+      ok = cudaOccupancyMaxActiveClusters(&n, kernel_for(width), &cfg) == cudaSuccess;
     } else {
       int sms = 0, per_sm = 0;
-      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_for(width), kThreads, 0) == cudaSuccess)
-        n = sms * per_sm;
+      ok = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_for(width), kThreads, 0) == cudaSuccess;
+      n = sms * per_sm;
     }
-    cudaGetLastError();
-    if (n < 1) return 0;
+    if (!ok) cudaGetLastError();  // not sticky: leave no error for the next call to find
+    if (!ok || n < 1) return 0;
     resident = n;
   }
   return (batch + resident - 1) / resident;
