@@ -321,7 +321,9 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   // Q = H_0⋯H_r−1·I[:, :r], in blocks of whole panels from the last: block [j0, j0 + n) touches
   // rows and columns >= j0 only.
   const int64_t block = std::max<int64_t>(panel_cols, (128 + panel_cols - 1) / panel_cols * panel_cols);
-  at::Tensor Q = at::eye(m, r, A.options()).expand({B, m, r}).contiguous();
+  // Q in A's buffer: the factorization is done with A (V holds the reflectors), so the QR holds
+  // two P-sized buffers at its peak, not three.
+  at::Tensor Q = A.copy_(at::eye(m, r, A.options()).expand({B, m, r}));
   for (int64_t j0 = (r - 1) / block * block; j0 >= 0; j0 -= block) {
     const int64_t n = std::min(block, r - j0), L = m - j0;
     const at::Tensor Vb = V.narrow(1, j0, L).narrow(2, j0, n);
