@@ -304,11 +304,13 @@ int panel_width(int64_t cols) {
 int64_t cta_rows_max(int width) { return int64_t(kThreads) * rows_per_thread(width); }
 
 template <int W>
-void* kernel_of() {
-  return reinterpret_cast<void*>(householder_panel_kernel<W>);
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(householder_panel_kernel<W>);
 }
 
-void* kernel_for(int width) {
+// The kernel instance for a panel width (a power of two <= 32): for the occupancy queries and
+// the launch.
+const void* kernel_for(int width) {
   switch (width) {
     case 1: return kernel_of<1>();
     case 2: return kernel_of<2>();
@@ -439,13 +441,9 @@ extern "C" orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows,
   const PanelArgs args{rows, ld, stride_a, ldv, stride_v, static_cast<int>(cols), ctas, static_cast<int>(cta_rows), A, V};
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = launch_config(&attr, batch, ctas, stream);
-  switch (width) {
-    case 1: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<1>, args)); break;
-    case 2: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<2>, args)); break;
-    case 4: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<4>, args)); break;
-    case 8: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<8>, args)); break;
-    case 16: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<16>, args)); break;
-    default: ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, householder_panel_kernel<32>, args)); break;
-  }
+  // cudaLaunchKernelEx's C form on kernel_for()'s pointer (what the typed template does inside).
+  PanelArgs launch_args = args;
+  void* params[] = {&launch_args};
+  ORTHOPT_CUDA_TRY(cudaLaunchKernelExC(&cfg, kernel_for(width), params));
   return ORTHOPT_OK;
 }

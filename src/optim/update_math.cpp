@@ -170,44 +170,44 @@ at::Tensor dion_power(const at::Tensor& M, const at::Tensor& Q) { return at::mat
 namespace {
 // C·beta + alpha·(A·B) for [m, k]·[k, n] or batched [..., m, k]·[..., k, n]: one product with
 // C in its epilogue (cuBLAS's β), instead of the product, a scaling pass and an addition.
-at::Tensor addmm_any(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta, double alpha) {
-  if (C.dim() == 2) return at::addmm(C, A, B, beta, alpha);
+// `in_place`: written over C (contiguous), the same BLAS call without the copy of C into a new
+// result that the out-of-place form makes first, so the same bits.
+at::Tensor addmm_any(const at::Tensor& C, const at::Tensor& A, const at::Tensor& B, double beta, double alpha,
+                     bool in_place = false) {
+  if (C.dim() == 2) return in_place ? C.addmm_(A, B, beta, alpha) : at::addmm(C, A, B, beta, alpha);
   const auto m = C.size(-2), n = C.size(-1), k = A.size(-1);
-  return at::baddbmm(C.reshape({-1, m, n}), A.reshape({-1, m, k}), B.reshape({-1, k, n}), beta, alpha)
-      .view(C.sizes());
+  const at::Tensor A3 = A.reshape({-1, m, k}), B3 = B.reshape({-1, k, n});
+  if (in_place) {
+    C.view({-1, m, n}).baddbmm_(A3, B3, beta, alpha);
+    return C;
+  }
+  return at::baddbmm(C.reshape({-1, m, n}), A3, B3, beta, alpha).view(C.sizes());
+}
+
+// dion_finish and dion_finish_: `in_place` writes the new momentum over M (fp32).
+DionResult finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps, bool in_place) {
+  DionResult r;
+  const at::Tensor M32 = M.to(at::kFloat);  // M itself when it is fp32
+  const at::Tensor R = at::matmul(M32.transpose(-2, -1), P);  // [..., n, r], from M before it changes
+  // Error feedback M − (1−μ)·P·Rᵀ as one product with M as its β·C (two bank-sized fp32 passes
+  // fewer on a GPU; the same formula, rounded once in the product's epilogue).
+  r.momentum = addmm_any(M32, P, R.transpose(-2, -1), 1.0, -(1.0 - mu), in_place);
+  if (!in_place) r.momentum = r.momentum.to(M.scalar_type());
+  r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
+  r.direction = at::matmul(P, r.Q.transpose(-2, -1));
+  return r;
 }
 }  // namespace
 
 DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, double eps) {
-  DionResult r;
-  const at::Tensor M32 = M.to(at::kFloat);
-  at::Tensor R = at::matmul(M32.transpose(-2, -1), P);  // [..., n, r]
-  // Error feedback M − (1−μ)·P·Rᵀ as one product with M as its β·C (two bank-sized fp32 passes
-  // fewer on a GPU; the same formula, rounded once in the product's epilogue).
-  r.momentum = addmm_any(M32, P, R.transpose(-2, -1), 1.0, -(1.0 - mu)).to(M.scalar_type());
-  r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
-  r.direction = at::matmul(P, r.Q.transpose(-2, -1));
-  return r;
+  return finish(M, P, mu, eps, /*in_place=*/false);
 }
 
 DionResult dion_finish_(const at::Tensor& M, const at::Tensor& P, double mu, double eps) {
   TORCH_CHECK(M.scalar_type() == at::kFloat && M.is_contiguous() && M.dim() >= 2,
               "dion_finish_: argument 'M' must be a contiguous fp32 [..., m, n] tensor, got ", M.sizes(), " ",
               M.scalar_type());
-  DionResult r;
-  const at::Tensor R = at::matmul(M.transpose(-2, -1), P);  // [..., n, r], from M before it changes
-  // dion_finish's product, its C and D the same tensor (the same cuBLAS / BLAS call as the
-  // out-of-place form after its copy of C into D, so the same bits).
-  if (M.dim() == 2) {
-    M.addmm_(P, R.transpose(-2, -1), 1.0, -(1.0 - mu));
-  } else {
-    const auto m = M.size(-2), n = M.size(-1), k = P.size(-1);
-    M.view({-1, m, n}).baddbmm_(P.reshape({-1, m, k}), R.transpose(-2, -1).reshape({-1, k, n}), 1.0, -(1.0 - mu));
-  }
-  r.momentum = M;
-  r.Q = R / (at::linalg_vector_norm(R, 2, at::IntArrayRef{-2}, /*keepdim=*/true) + eps);
-  r.direction = at::matmul(P, r.Q.transpose(-2, -1));
-  return r;
+  return finish(M, P, mu, eps, /*in_place=*/true);
 }
 
 at::Tensor householder_panel_reference(const at::Tensor& A) {
