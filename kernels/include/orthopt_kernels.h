@@ -284,6 +284,15 @@ int64_t orthopt_householder_panel_waves(int64_t batch, int64_t rows, int64_t col
 orthopt_status orthopt_householder_panel(int64_t batch, int64_t rows, int64_t cols, const float* A, int64_t ld,
                                          int64_t stride_a, float* V, int64_t ldv, int64_t stride_v,
                                          cudaStream_t stream);
+/* The T factor of the compact WY form H_0⋯H_n−1 = I − V·T·Vᵀ of n <= 32 reflectors with τ_c =
+ * 2/‖v_c‖² (orthopt_householder_panel's), from their Gram matrix: for each of `batch` matrices,
+ * G[b] [n, n] = VᵀV (element (i, j) at G[b·stride_g + i·ldg + j]; only the upper triangle and
+ * the diagonal are read), T[b] = U⁻¹ with U = the strict upper triangle of G and G's diagonal
+ * halved (upper triangular; the zeros below the diagonal are written too; element (i, j) at
+ * T[b·stride_t + i·ldt + j]; must not overlap G). fp32 in and out, fp64 sums. One launch, no
+ * allocation, no host synchronization. batch or n 0: nothing. */
+orthopt_status orthopt_householder_t_factor(int64_t batch, int64_t n, const float* G, int64_t ldg, int64_t stride_g,
+                                            float* T, int64_t ldt, int64_t stride_t, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

@@ -39,6 +39,27 @@ void householder_panel_into(const at::Tensor& A, at::Tensor& V) {
   TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
 }
 
+void householder_t_factor_into(const at::Tensor& G, at::Tensor& T) {
+  const char* fn = "orthopt::cuda::householder_t_factor";
+  auto check = [&](const at::Tensor& X, const char* name) {
+    TORCH_CHECK(X.defined() && X.is_cuda() && X.scalar_type() == at::kFloat && X.dim() == 3 && X.size(1) == X.size(2) &&
+                    X.size(2) <= 32,
+                fn, ": argument '", name, "' must be an fp32 CUDA tensor [B, n, n] with n <= 32, got ",
+                X.defined() ? X.sizes() : at::IntArrayRef{});
+    TORCH_CHECK(X.stride(2) == 1 && X.stride(1) >= X.size(2), fn, ": argument '", name,
+                "' must have rows of unit column stride, got strides ", X.strides());
+  };
+  check(G, "G");
+  check(T, "T");
+  TORCH_CHECK(T.sizes() == G.sizes() && T.device() == G.device(), fn, ": argument 'T' must have G's sizes ", G.sizes(),
+              " and device, got ", T.sizes());
+  const c10::cuda::CUDAGuard guard(G.device());
+  const orthopt_status st =
+      orthopt_householder_t_factor(G.size(0), G.size(1), G.data_ptr<float>(), G.stride(1), G.stride(0),
+                                   T.data_ptr<float>(), T.stride(1), T.stride(0), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(st == ORTHOPT_OK, fn, ": ", orthopt_last_error());
+}
+
 at::Tensor householder_panel(const at::Tensor& A) {
   TORCH_CHECK(A.defined() && A.dim() == 3, "orthopt::cuda::householder_panel: argument 'A' must be [B, rows, cols], got ",
               A.defined() ? A.sizes() : at::IntArrayRef{});

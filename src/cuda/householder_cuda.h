@@ -22,5 +22,10 @@ at::Tensor householder_panel(const at::Tensor& A);
 // narrow() of its V; must not overlap A).
 void householder_panel_into(const at::Tensor& A, at::Tensor& V);
 
+// T [B, n, n] of the compact WY form of n <= 32 reflectors (τ = 2/‖v‖²) from their Gram matrix
+// G = VᵀV [B, n, n] (fp32 CUDA; unit column stride; only G's upper triangle is read), written
+// into `T` (rows of unit column stride, e.g. a block of the blocked QR's T; must not overlap G).
+void householder_t_factor_into(const at::Tensor& G, at::Tensor& T);
+
 }  // namespace orthopt::cuda
 #endif

@@ -239,6 +239,14 @@ at::Tensor householder_panel_reference(const at::Tensor& A) {
   return V;
 }
 
+at::Tensor householder_t_factor_reference(const at::Tensor& G) {
+  TORCH_CHECK(G.dim() == 3 && G.size(1) == G.size(2),
+              "householder_t_factor_reference: argument 'G' must be [B, n, n], got ", G.sizes());
+  const at::Tensor T_inv = G.triu(1) + at::diag_embed(G.diagonal(0, 1, 2) * 0.5);
+  const int64_t n = G.size(1);
+  return at::linalg_solve_triangular(T_inv, at::eye(n, G.options()).expand_as(G), /*upper=*/true, /*left=*/true);
+}
+
 int64_t inner_product_splits(const at::Tensor& X, int64_t b) {
   if (!X.is_cuda()) return 1;
   const int64_t B = X.size(0), L = X.size(1), a = X.size(2);
@@ -258,8 +266,10 @@ at::Tensor split_inner_products(const at::Tensor& X, const at::Tensor& Y, int64_
               " must be >= 1 and divide L = ", X.size(1));
   if (splits == 1) return at::bmm(X.transpose(1, 2), Y);
   const int64_t B = X.size(0), L = X.size(1), a = X.size(2), b = Y.size(2);
-  // The chunks as batch entries (a copy where X or Y is a strided view), then their sum in a
-  // fixed order (deterministic).
+  // The chunks as batch entries (a copy where X or Y is a strided view: the caller passes views
+  // whose chunks are views where it can), then their sum in a fixed order (deterministic). One
+  // product per chunk instead, with no copies, was 8× slower on Llama's Dion banks (H200): each
+  // launch then has B blocks.
   const at::Tensor Xs = X.reshape({B * splits, L / splits, a}), Ys = Y.reshape({B * splits, L / splits, b});
   return at::bmm(Xs.transpose(1, 2), Ys).view({B, splits, a, b}).sum(1);
 }
@@ -279,56 +289,82 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   const int64_t B = A.size(0);
   // The reflectors: v_j in column j of V from row j down (unit diagonal, zeros above).
   at::Tensor V = at::zeros_like(A);
-  // T of the compact WY form of reflectors stored like V: H_0⋯H_n−1 = I − V·T·Vᵀ, T upper
-  // triangular with T⁻¹ = VᵀV above the diagonal and ‖v‖²/2 = 1/τ on it.
-  auto inner = [](const at::Tensor& X, const at::Tensor& Y) {
+  // T of the compact WY form of all r reflectors: H_0⋯H_r−1 = I − V·T·Vᵀ, T upper triangular.
+  // The T of reflectors [a, b) is T's diagonal block [a, b) (a diagonal block of a triangular
+  // matrix's inverse is the inverse of that block of T⁻¹ = upper(VᵀV), diagonal halved), so the
+  // recursion builds T once, from the panels' T, and every later product takes a block of it.
+  at::Tensor T = at::zeros({B, r, r}, A.options());
+  auto T_block = [&](int64_t i0, int64_t ni, int64_t k0, int64_t nk) { return T.narrow(1, i0, ni).narrow(2, k0, nk); };
+  // Xᵀ·Y over the rows >= j0 of the column blocks X, Y [B, m, ·] of V, A or Q, where X or Y is
+  // zero above row j0 (a block of V from its diagonal on). Where the products are split over
+  // chunks of rows (small outputs on a GPU), they run over all m rows instead (the rows above j0
+  // add exact zeros): chunks of whole columns are views of V, A and Q, where chunks of a
+  // narrow() from row j0 would be copies (≈ 7 ms a step on Llama's Dion banks, H200); the rows
+  // added are at most r/m of the work.
+  auto inner = [&](int64_t j0, const at::Tensor& X, const at::Tensor& Y) {
+    const at::Tensor Xr = X.narrow(1, j0, m - j0), Yr = Y.narrow(1, j0, m - j0);
+    if (j0 == 0 || inner_product_splits(Xr, Y.size(2)) == 1)
+      return split_inner_products(Xr, Yr, inner_product_splits(Xr, Y.size(2)));
     return split_inner_products(X, Y, inner_product_splits(X, Y.size(2)));
   };
-  auto t_factor = [&](const at::Tensor& Vb) {
-    const at::Tensor G = inner(Vb, Vb);
-    const at::Tensor T_inv = G.triu(1) + at::diag_embed(G.diagonal(0, 1, 2) * 0.5);
-    const int64_t n = Vb.size(2);
-    return at::linalg_solve_triangular(T_inv, at::eye(n, A.options()).expand({B, n, n}), /*upper=*/true,
-                                       /*left=*/true);
-  };
+  // Q is accumulated backwards in blocks of whole panels, [k·block, (k + 1)·block).
+  const int64_t block = std::max<int64_t>(panel_cols, (128 + panel_cols - 1) / panel_cols * panel_cols);
   // Columns [j0, j0 + n) of A, recursively (Elmroth–Gustavson): the left half, its reflectors
-  // applied to the right half as products, the right half. The products then have inner
-  // dimensions of up to r/2 columns instead of one panel's: cuBLAS ran the panel-by-panel
-  // form's narrow products (a panel's columns by all the columns to its right) at a fraction of
-  // its rate (H200, Llama's Dion banks).
-  std::function<void(int64_t, int64_t)> factor = [&](int64_t j0, int64_t n) {
+  // applied to the right half as products, the right half, then T's block of the two halves,
+  // T12 = −T1·(V1ᵀV2)·T2. The products then have inner dimensions of up to r/2 columns instead
+  // of one panel's: cuBLAS ran the panel-by-panel form's narrow products (a panel's columns by
+  // all the columns to its right) at a fraction of its rate (H200, Llama's Dion banks). `whole`:
+  // the columns' whole T is needed (a left half's, for its update); otherwise only the parts
+  // inside Q's blocks (T12's corner where a Q block straddles the two halves).
+  std::function<void(int64_t, int64_t, bool)> factor = [&](int64_t j0, int64_t n, bool whole) {
     const int64_t L = m - j0;
     if (n <= panel_cols) {
       const at::Tensor panel = A.narrow(1, j0, L).narrow(2, j0, n);
-      at::Tensor Vp = V.narrow(1, j0, L).narrow(2, j0, n);
+      const at::Tensor Vc = V.narrow(2, j0, n);
+      at::Tensor Vp = Vc.narrow(1, j0, L);
+      at::Tensor Tp = T_block(j0, n, j0, n);
 #ifdef ORTHOPT_WITH_CUDA
       if (kernel_panel) {
         cuda::householder_panel_into(panel, Vp);  // straight into V: no copy
+        cuda::householder_t_factor_into(inner(j0, Vc, Vc), Tp);
         return;
       }
 #endif
       Vp.copy_(householder_panel_reference(panel));
+      Tp.copy_(householder_t_factor_reference(inner(j0, Vc, Vc)));
       return;
     }
     const int64_t n1 = (n / 2 + panel_cols - 1) / panel_cols * panel_cols;  // whole panels, < n
-    factor(j0, n1);
+    factor(j0, n1, /*whole=*/true);
     const at::Tensor V1 = V.narrow(1, j0, L).narrow(2, j0, n1);
     at::Tensor A12 = A.narrow(1, j0, L).narrow(2, j0 + n1, n - n1);  // A12 ← (I − V1·T1ᵀ·V1ᵀ)·A12
-    A12.baddbmm_(V1, at::bmm(t_factor(V1).transpose(1, 2), inner(V1, A12)), 1.0, -1.0);
-    factor(j0 + n1, n - n1);
+    const at::Tensor W1 = inner(j0, V.narrow(2, j0, n1), A.narrow(2, j0 + n1, n - n1));  // V1ᵀ·A12
+    A12.baddbmm_(V1, at::bmm(T_block(j0, n1, j0, n1).transpose(1, 2), W1), 1.0, -1.0);
+    factor(j0 + n1, n - n1, whole);
+    // T12's rows [i0, s) and columns [s, k1), s the split: V1ᵀV2 over the rows >= s (V2 is zero
+    // above them), between the diagonal blocks of T1 and T2 (triangular: T12[I, K] = −T1[I, I]·
+    // (V1ᵀV2)[I, K]·T2[K, K] for a trailing I and a leading K).
+    const int64_t s = j0 + n1;
+    int64_t i0 = j0, k1 = j0 + n;
+    if (!whole) {
+      if (s % block == 0) return;  // no Q block straddles s
+      i0 = std::max(j0, s / block * block), k1 = std::min(k1, (s / block + 1) * block);
+    }
+    const at::Tensor W = inner(s, V.narrow(2, i0, s - i0), V.narrow(2, s, k1 - s));
+    T_block(i0, s - i0, s, k1 - s)
+        .baddbmm_(at::bmm(T_block(i0, s - i0, i0, s - i0), W), T_block(s, k1 - s, s, k1 - s), 0.0, -1.0);
   };
-  factor(0, r);
-  // Q = H_0⋯H_r−1·I[:, :r], in blocks of whole panels from the last: block [j0, j0 + n) touches
-  // rows and columns >= j0 only.
-  const int64_t block = std::max<int64_t>(panel_cols, (128 + panel_cols - 1) / panel_cols * panel_cols);
-  // Q in A's buffer: the factorization is done with A (V holds the reflectors), so the QR holds
-  // two P-sized buffers at its peak, not three.
+  factor(0, r, /*whole=*/false);
+  // Q = H_0⋯H_r−1·I[:, :r], in blocks from the last: block [j0, j0 + n) touches rows and
+  // columns >= j0 only. Q in A's buffer: the factorization is done with A (V holds the
+  // reflectors), so the QR holds two P-sized buffers at its peak, not three.
   at::Tensor Q = A.copy_(at::eye(m, r, A.options()).expand({B, m, r}));
   for (int64_t j0 = (r - 1) / block * block; j0 >= 0; j0 -= block) {
     const int64_t n = std::min(block, r - j0), L = m - j0;
     const at::Tensor Vb = V.narrow(1, j0, L).narrow(2, j0, n);
     at::Tensor Qs = Q.narrow(1, j0, L).narrow(2, j0, r - j0);
-    Qs.baddbmm_(Vb, at::bmm(t_factor(Vb), inner(Vb, Qs)), 1.0, -1.0);
+    const at::Tensor W = inner(j0, V.narrow(2, j0, n), Q.narrow(2, j0, r - j0));  // Vbᵀ·Qs
+    Qs.baddbmm_(Vb, at::bmm(T_block(j0, n, j0, n), W), 1.0, -1.0);
   }
   return Q.reshape(P.sizes());
 }

@@ -107,9 +107,10 @@ at::Tensor householder_q(const at::Tensor& P);
 // The blocked Householder QR (compact WY, LAPACK's geqrf + orgqr in batched form) of P [..., m, r]
 // (fp32, m >= r): panels of `panel_cols` columns reduced by householder_panel_reference or, with
 // `kernel_panel` (CUDA tensors), by orthopt_householder_panel, combined recursively; each
-// block's T from VᵀV (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²), the trailing
-// columns updated and Q accumulated backwards from I[:, :r] by products. Products in full fp32
-// (TF32 off inside).
+// panel's T from its VᵀV (T⁻¹ = upper(VᵀV), diagonal halved, as every τ is 2/‖v‖²; with
+// `kernel_panel` by orthopt_householder_t_factor), merged up the recursion by products, the
+// trailing columns updated and Q accumulated backwards from I[:, :r] by products. Products in
+// full fp32 (TF32 off inside).
 at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool kernel_panel);
 // Xᵀ·Y for X [B, L, a], Y [B, L, b] as `splits` partial products over chunks of L (taken as
 // extra batch entries), summed: the blocked QR's inner products of reflectors (long L, small
@@ -121,6 +122,10 @@ at::Tensor split_inner_products(const at::Tensor& X, const at::Tensor& Y, int64_
 // The panel step in ATen ops, one column at a time (the kernel's reference): V [B, L, b] (fp32,
 // contiguous; v_c in column c, unit diagonal, zeros above) of the panel A [B, L, b], L >= b.
 at::Tensor householder_panel_reference(const at::Tensor& A);
+// T [B, n, n] of the compact WY form I − V·T·Vᵀ of reflectors with τ = 2/‖v‖², from their Gram
+// matrix G = VᵀV [B, n, n]: T⁻¹ = upper(G) with the diagonal halved (a triangular solve; the
+// reference of orthopt_householder_t_factor).
+at::Tensor householder_t_factor_reference(const at::Tensor& G);
 // Cholesky QR2 of P [..., m, r] (fp32), computed in fp64: twice R = chol(XᵀX)ᵀ, X ← X·R⁻¹.
 // `ok` (bool [...], one per matrix, P's device, no host synchronization) is false where that
 // matrix's Cholesky failed or its Q is not finite; the caller takes householder_q there.

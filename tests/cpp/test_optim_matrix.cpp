@@ -527,6 +527,9 @@ TEST(OptimDion, SplitInnerProductsMatchFloat64) {
     const at::Tensor got = split_inner_products(X, Y, s);
     ASSERT_EQ(got.sizes(), at::IntArrayRef({3, 7, 30}));
     EXPECT_LT((got.to(at::kDouble) - ref).abs().max().item<double>(), 1e-4) << "splits " << s;
+    // Operands whose chunks are a view (contiguous copies): the one-product form.
+    const at::Tensor got_c = split_inner_products(X.contiguous(), Y.contiguous(), s);
+    EXPECT_LT((got_c.to(at::kDouble) - ref).abs().max().item<double>(), 1e-4) << "contiguous, splits " << s;
   }
   EXPECT_THROW(split_inner_products(X, Y, 3), c10::Error);  // 512 % 3 != 0
   EXPECT_THROW(split_inner_products(X, Y.narrow(1, 0, 500), 2), c10::Error);

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -1534,6 +1535,64 @@ void check_householder_panel(int64_t batch, int64_t rows, int64_t cols, int64_t 
               a_kept ? "" : " INPUT-OVERWRITTEN", gaps_kept ? "" : " V-GAPS-WRITTEN");
 }
 
+// orthopt_householder_t_factor against a float64 back substitution of U = upper(G), diagonal
+// halved, from the same fp32 G = VᵀV of random reflectors (unit diagonal, zeros above, entries
+// ≈ 1/√rows below, as a panel's). G's lower triangle is NaN (it must not be read); T is poisoned
+// and written with a row stride ldt (> n: the gaps must keep their poison). U's diagonal is >= 1/2
+// and the reflectors are near orthogonal, so T's entries are O(1) and the fp32 rounding of each
+// stored entry (2^-24 relative) carries through at most n terms: 1e-5 absolute is ≈ 5× that
+// at n = 32; a wrong entry is O(0.1).
+void check_householder_t_factor(int64_t batch, int64_t n, int64_t ldg, int64_t ldt, int64_t rows, std::mt19937& rng) {
+  Buf32 G(batch * n * ldg), T(batch * n * ldt);
+  std::normal_distribution<double> nd(0.0, 1.0 / std::sqrt(double(rows)));
+  std::vector<double> ref(batch * n * n);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> V(rows * n, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < n; ++c) V[r * n + c] = r < c ? 0.0 : r == c ? 1.0 : nd(rng);
+    std::vector<double> U(n * n, 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double g = 0.0;
+        for (int64_t r = 0; r < rows; ++r) g += V[r * n + i] * V[r * n + j];
+        const float g32 = static_cast<float>(g);
+        G.host[(b * n + i) * ldg + j] = i > j ? std::numeric_limits<float>::quiet_NaN() : g32;
+        if (i <= j) U[i * n + j] = i == j ? 0.5 * double(g32) : double(g32);
+      }
+    for (int64_t j = 0; j < n; ++j)  // T·U = I, column j from T's columns < j
+      for (int64_t i = 0; i < n; ++i) {
+        double s = i == j ? 1.0 : 0.0;
+        for (int64_t k = i; k < j; ++k) s -= ref[(b * n + i) * n + k] * U[k * n + j];
+        ref[(b * n + i) * n + j] = i <= j ? s / U[j * n + j] : 0.0;
+      }
+  }
+  G.upload();
+  T.poison();
+  const orthopt_status st =
+      orthopt_householder_t_factor(batch, n, G.dev, ldg, n * ldg, T.dev, ldt, n * ldt, nullptr);
+  if (call_failed(st, "householder_t_factor")) return;
+  T.download();
+  double worst = 0.0;
+  bool gaps_kept = true;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double got = T.host[(b * n + i) * ldt + j];
+        worst = std::max(worst, std::isfinite(got) ? std::fabs(got - ref[(b * n + i) * n + j]) / 1e-5 : 1e30);
+      }
+      for (int64_t j = n; j < ldt; ++j) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &T.host[(b * n + i) * ldt + j], sizeof(bits));
+        gaps_kept &= bits == 0xFFFFFFFFu;
+      }
+    }
+  const bool ok = worst <= 1.0 && gaps_kept;
+  if (!ok) ++g_failures;
+  std::printf("%s householder T factor batch=%lld n=%lld ldg=%lld ldt=%lld rows=%lld worst err/tol=%.3f%s\n",
+              ok ? "ok  " : "FAIL", (long long)batch, (long long)n, (long long)ldg, (long long)ldt, (long long)rows,
+              worst, gaps_kept ? "" : " T-GAPS-WRITTEN");
+}
+
 int main(int argc, char** argv) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -1636,6 +1695,12 @@ int main(int argc, char** argv) {
     check_householder_panel(1, 8192, 32, 32, 32, false, true, rng);  // 8: the largest
     check_householder_panel(1, 30000, 1, 1, 1, false, false, rng);
   }
+  // T factors: one column, odd sizes, the full 32; batches not a multiple of the block's 4
+  // warps; strided G and T.
+  check_householder_t_factor(3, 1, 1, 2, 40, rng);
+  check_householder_t_factor(7, 17, 20, 17, 300, rng);
+  check_householder_t_factor(5, 32, 32, 36, 2048, rng);
+  check_householder_t_factor(1, 9, 9, 9, 9, rng);
   std::printf("kernel_check: %s (%d failure%s)\n", g_failures ? "FAILED" : "passed", g_failures,
               g_failures == 1 ? "" : "s");
   return g_failures ? 1 : 0;

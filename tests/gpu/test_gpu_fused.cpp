@@ -539,6 +539,37 @@ TEST_F(GpuFused, HouseholderPanelMatchesReference) {
   EXPECT_NE(err.find("'A'"), std::string::npos) << err;
 }
 
+// The T-factor kernel (orthopt_householder_t_factor) through its glue, against its ATen
+// reference (householder_t_factor_reference: a triangular solve) on the Gram matrices of the
+// panel kernel's own reflectors, written into a block of a wider T as the blocked QR does (the
+// rest of T keeps its bytes). T's entries are O(1) (near-orthogonal reflectors, U's diagonal
+// >= 1/2); the two differ in rounding only (fp64 sums against cuBLAS's fp32 trsm): 1e-5 is
+// ≈ 100 ulps, a wrong entry is O(0.1).
+TEST_F(GpuFused, HouseholderTFactorMatchesReference) {
+  namespace od = orthopt::optim_detail;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(13);
+  for (const auto& [B, L, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {12, 768, 32}, {88, 2048, 16}, {5, 300, 7}, {3, 40, 1}}) {
+    const at::Tensor V = orthopt::cuda::householder_panel(at::randn({B, L, n}, cuda));
+    const at::Tensor G = at::bmm(V.transpose(1, 2), V);
+    at::Tensor wide = at::full({B, n + 3, n + 5}, 7.0, cuda);
+    at::Tensor T = wide.narrow(1, 1, n).narrow(2, 2, n);
+    orthopt::cuda::householder_t_factor_into(G, T);
+    const at::Tensor T_ref = od::householder_t_factor_reference(G);
+    const double diff = (T - T_ref).abs().max().item<double>();
+    std::printf("[ householder T factor %lldx%lld from %lld rows ] max |T - T_ref| = %.3g\n", (long long)B,
+                (long long)n, (long long)L, diff);
+    EXPECT_LT(diff, 1e-5) << L << "x" << n;
+    at::Tensor outside = wide.clone();
+    outside.narrow(1, 1, n).narrow(2, 2, n).fill_(7.0);
+    EXPECT_TRUE(at::equal(outside, at::full_like(wide, 7.0))) << "T's block only";
+  }
+  at::Tensor T = at::empty({1, 33, 33}, cuda);
+  std::string err = error_of([&] { orthopt::cuda::householder_t_factor_into(at::eye(33, cuda).unsqueeze(0), T); });
+  EXPECT_NE(err.find("'G'"), std::string::npos) << err;
+}
+
 // Dion's QR on the GPU (householder_q: the blocked QR with the panel kernel) on Dion's shapes
 // (Llama's P = M·Q: 2048×512 and 5632×512; GPT-2's 768×192), against float64: Q orthogonal to a
 // small multiple of ε·m (Householder's bound, whatever the condition), P in Q's span to a few
