@@ -917,8 +917,18 @@ class OptimizerImpl {
       // bank-sized copies fewer (H200, Llama set: ≈ 5 ms of device-to-device copies a step).
       const bool in_place = o.dion_qr == DionQr::Householder && !keep_flag().defined() &&
                             owned_momenta.defined() && momenta.scalar_type() == at::kFloat;
-      const at::Tensor G = stack_bank(grads, b.rows, b.cols, b.dtype);
-      const at::Tensor M = in_place ? momenta.add_(G) : momenta + G;  // momentum + G [B, m, n]
+      at::Tensor M;  // momentum + G [B, m, n]
+      if (in_place) {
+        // Each gradient added into its slice of the momenta, one multi-tensor launch: the bank of
+        // gradients is never stacked (a bank-sized copy; aten::cat was 2.2 ms of Llama's step on
+        // an H200). The same sums as momenta + stack(grads).
+        std::vector<at::Tensor> slices;
+        for (size_t j = 0; j < b.params.size(); ++j) slices.push_back(b.slice(momenta, j).view(grads[j].sizes()));
+        at::_foreach_add_(slices, grads);
+        M = momenta;
+      } else {
+        M = momenta + stack_bank(grads, b.rows, b.cols, b.dtype);
+      }
       const at::Tensor raw = optim_detail::dion_power(M, Q);
       at::Tensor P, gate = keep_flag();
       if (o.dion_qr == DionQr::Cholesky) {
