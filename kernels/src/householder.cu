@@ -365,7 +365,6 @@ cudaLaunchConfig_t launch_config(cudaLaunchAttribute* attr, int64_t batch, int c
   return cfg;
 }
 
-
 // The T factor of a panel's reflectors from their Gram matrix G = VᵀV: T = U⁻¹ with U = the
 // strict upper triangle of G and G's diagonal halved (‖v‖²/2 = 1/τ >= 1/2: v has a unit
 // diagonal). One warp per matrix; lane i computes row i of T (rows are independent: T·U = I

@@ -18,18 +18,30 @@ int64_t householder_panel_waves(int64_t batch, int64_t rows, int64_t cols, const
   return orthopt_householder_panel_waves(batch, rows, cols);
 }
 
+namespace {
+
+// The kernels' operands: fp32 CUDA [B, rows, cols] (`shape` names the dimensions in the error)
+// whose rows have unit column stride (any row and batch strides).
+void check_batch(const char* fn, const at::Tensor& X, const char* name, const char* shape) {
+  TORCH_CHECK(X.defined() && X.is_cuda() && X.scalar_type() == at::kFloat && X.dim() == 3, fn, ": argument '", name,
+              "' must be an fp32 CUDA tensor ", shape, ", got ", X.defined() ? X.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(X.stride(2) == 1 && X.stride(1) >= X.size(2), fn, ": argument '", name,
+              "' must have rows of unit column stride, got strides ", X.strides());
+}
+
+// An output `Y` (named `y`) of the input `X`'s sizes and device.
+void check_same(const char* fn, const at::Tensor& X, const char* x, const at::Tensor& Y, const char* y) {
+  TORCH_CHECK(Y.sizes() == X.sizes() && Y.device() == X.device(), fn, ": argument '", y, "' must have ", x,
+              "'s sizes ", X.sizes(), " and device, got ", Y.sizes());
+}
+
+}  // namespace
+
 void householder_panel_into(const at::Tensor& A, at::Tensor& V) {
   const char* fn = "orthopt::cuda::householder_panel";
-  auto check_panel = [&](const at::Tensor& X, const char* name) {
-    TORCH_CHECK(X.defined() && X.is_cuda() && X.scalar_type() == at::kFloat && X.dim() == 3, fn, ": argument '",
-                name, "' must be an fp32 CUDA tensor [B, rows, cols], got ", X.defined() ? X.sizes() : at::IntArrayRef{});
-    TORCH_CHECK(X.stride(2) == 1 && X.stride(1) >= X.size(2), fn, ": argument '", name,
-                "' must have rows of unit column stride, got strides ", X.strides());
-  };
-  check_panel(A, "A");
-  check_panel(V, "V");
-  TORCH_CHECK(V.sizes() == A.sizes() && V.device() == A.device(), fn, ": argument 'V' must have A's sizes ",
-              A.sizes(), " and device, got ", V.sizes());
+  check_batch(fn, A, "A", "[B, rows, cols]");
+  check_batch(fn, V, "V", "[B, rows, cols]");
+  check_same(fn, A, "A", V, "V");
   const int64_t B = A.size(0), rows = A.size(1), cols = A.size(2);
   if (B == 0 || cols == 0) return;
   const c10::cuda::CUDAGuard guard(A.device());
@@ -41,18 +53,11 @@ void householder_panel_into(const at::Tensor& A, at::Tensor& V) {
 
 void householder_t_factor_into(const at::Tensor& G, at::Tensor& T) {
   const char* fn = "orthopt::cuda::householder_t_factor";
-  auto check = [&](const at::Tensor& X, const char* name) {
-    TORCH_CHECK(X.defined() && X.is_cuda() && X.scalar_type() == at::kFloat && X.dim() == 3 && X.size(1) == X.size(2) &&
-                    X.size(2) <= 32,
-                fn, ": argument '", name, "' must be an fp32 CUDA tensor [B, n, n] with n <= 32, got ",
-                X.defined() ? X.sizes() : at::IntArrayRef{});
-    TORCH_CHECK(X.stride(2) == 1 && X.stride(1) >= X.size(2), fn, ": argument '", name,
-                "' must have rows of unit column stride, got strides ", X.strides());
-  };
-  check(G, "G");
-  check(T, "T");
-  TORCH_CHECK(T.sizes() == G.sizes() && T.device() == G.device(), fn, ": argument 'T' must have G's sizes ", G.sizes(),
-              " and device, got ", T.sizes());
+  check_batch(fn, G, "G", "[B, n, n] with n <= 32");
+  TORCH_CHECK(G.size(1) == G.size(2) && G.size(2) <= 32, fn,
+              ": argument 'G' must be an fp32 CUDA tensor [B, n, n] with n <= 32, got ", G.sizes());
+  check_batch(fn, T, "T", "[B, n, n] with n <= 32");
+  check_same(fn, G, "G", T, "T");
   const c10::cuda::CUDAGuard guard(G.device());
   const orthopt_status st =
       orthopt_householder_t_factor(G.size(0), G.size(1), G.data_ptr<float>(), G.stride(1), G.stride(0),

@@ -303,8 +303,8 @@ at::Tensor householder_q_blocked(const at::Tensor& P, int64_t panel_cols, bool k
   // added are at most r/m of the work.
   auto inner = [&](int64_t j0, const at::Tensor& X, const at::Tensor& Y) {
     const at::Tensor Xr = X.narrow(1, j0, m - j0), Yr = Y.narrow(1, j0, m - j0);
-    if (j0 == 0 || inner_product_splits(Xr, Y.size(2)) == 1)
-      return split_inner_products(Xr, Yr, inner_product_splits(Xr, Y.size(2)));
+    const int64_t splits = inner_product_splits(Xr, Y.size(2));
+    if (j0 == 0 || splits == 1) return split_inner_products(Xr, Yr, splits);
     return split_inner_products(X, Y, inner_product_splits(X, Y.size(2)));
   };
   // Q is accumulated backwards in blocks of whole panels, [k·block, (k + 1)·block).
