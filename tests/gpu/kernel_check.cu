@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "orthopt_kernels.h"
@@ -73,6 +75,36 @@ struct DeviceArray {
 struct Buf : DeviceArray<uint16_t> {  // bf16 or fp16 storage
   using DeviceArray::DeviceArray;
   double at(size_t i, orthopt_dtype dt) const { return from_bits(host[i], dt); }
+  // Every element decoded once, for the products' reference loops.
+  std::vector<double> decoded(orthopt_dtype dt) const {
+    std::vector<double> d(host.size());
+    for (size_t i = 0; i < host.size(); ++i) d[i] = from_bits(host[i], dt);
+    return d;
+  }
+};
+
+// body(r) for every r in [0, rows), spread over the host's cores: the products' float64
+// references (up to 10^9 multiply-adds a case) took the full check past five minutes on one
+// core. Callers keep one result per row and sum them in row order afterwards, so what they
+// print does not depend on the number of threads.
+template <typename Body>
+void for_each_row(int64_t rows, const Body& body) {
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t r = next.fetch_add(1); r < rows; r = next.fetch_add(1)) body(r);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < std::min(threads, rows); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+// One row's share of a relative Frobenius error, and whether its entries were finite (and,
+// for the symmetric products, mirrored).
+struct RowError {
+  double num = 0, den = 0;
+  bool finite = true, symmetric = true;
 };
 
 using Buf32 = DeviceArray<float>;  // fp32 storage (orthopt_gemm's fp32 C and D)
@@ -146,21 +178,34 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
     return;
   }
   D.download();
+  const std::vector<double> a = A.decoded(dt), b = Bh.decoded(dt), d = D.decoded(dt);
+  const std::vector<double> c = with_c ? Ch.decoded(dt) : std::vector<double>();
+  std::vector<RowError> rows(static_cast<size_t>(batch * m));
+  for_each_row(batch * m, [&](int64_t row) {
+    const int64_t z = row / m, i = row % m;
+    RowError& e = rows[static_cast<size_t>(row)];
+    const double* ai = a.data() + z * m * k + i * k;
+    for (int64_t j = 0; j <= i; ++j) {
+      const double* bj = b.data() + z * m * k + j * k;
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += ai[p] * bj[p];
+      double ref = alpha * s + (with_c ? beta * c[z * m * m + i * m + j] : 0.0) + (i == j ? diag : 0.0);
+      const double lo = d[z * m * m + i * m + j], up = d[z * m * m + j * m + i];
+      e.finite = e.finite && std::isfinite(lo) && std::isfinite(up);
+      e.symmetric = e.symmetric && D.host[z * m * m + i * m + j] == D.host[z * m * m + j * m + i];
+      const double w = i == j ? 1.0 : 2.0;  // both triangles
+      e.num += w * (lo - ref) * (lo - ref);
+      e.den += w * ref * ref;
+    }
+  });
   double num = 0, den = 0;
   bool symmetric = true, finite = true;
-  for (int64_t z = 0; z < batch; ++z)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j <= i; ++j) {
-        double s = 0;
-        for (int64_t p = 0; p < k; ++p) s += A.at(z * m * k + i * k + p, dt) * Bh.at(z * m * k + j * k + p, dt);
-        double ref = alpha * s + (with_c ? beta * Ch.at(z * m * m + i * m + j, dt) : 0.0) + (i == j ? diag : 0.0);
-        const double lo = D.at(z * m * m + i * m + j, dt), up = D.at(z * m * m + j * m + i, dt);
-        finite = finite && std::isfinite(lo) && std::isfinite(up);
-        symmetric = symmetric && D.host[z * m * m + i * m + j] == D.host[z * m * m + j * m + i];
-        const double w = i == j ? 1.0 : 2.0;  // both triangles
-        num += w * (lo - ref) * (lo - ref);
-        den += w * ref * ref;
-      }
+  for (const RowError& e : rows) {
+    num += e.num;
+    den += e.den;
+    finite = finite && e.finite;
+    symmetric = symmetric && e.symmetric;
+  }
   const double err = std::sqrt(num / den);
   // BLOCKS and NATIVE mirror the lower triangle (bit-exact symmetry); DENSE computes both.
   const bool ok = finite && (symmetric || path == ORTHOPT_SYM_DENSE) && err <= bound(dt);
@@ -211,20 +256,29 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
     return;
   }
   fp32_out ? D32.download() : D.download();
+  const std::vector<double> a = A.decoded(dt), x = X.decoded(dt);
+  std::vector<RowError> rows(static_cast<size_t>(batch * m));
+  for_each_row(batch * m, [&](int64_t row) {
+    const int64_t z = row / m, i = row % m;
+    RowError& e = rows[static_cast<size_t>(row)];
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += a[z * m * k + (a_t ? p * m + i : i * k + p)] * x[z * k * n + (x_t ? j * k + p : p * n + j)];
+      const double ref = alpha * s + (c_mode ? beta * c_at(z * m * n + i * n + j) : 0.0);
+      const double got = d_at(z * m * n + i * n + j);
+      e.finite = e.finite && std::isfinite(got);
+      e.num += (got - ref) * (got - ref);
+      e.den += ref * ref;
+    }
+  });
   double num = 0, den = 0;
   bool finite = true;
-  for (int64_t z = 0; z < batch; ++z)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t p = 0; p < k; ++p)
-          s += A.at(z * m * k + (a_t ? p * m + i : i * k + p), dt) * X.at(z * k * n + (x_t ? j * k + p : p * n + j), dt);
-        const double ref = alpha * s + (c_mode ? beta * c_at(z * m * n + i * n + j) : 0.0);
-        const double got = d_at(z * m * n + i * n + j);
-        finite = finite && std::isfinite(got);
-        num += (got - ref) * (got - ref);
-        den += ref * ref;
-      }
+  for (const RowError& e : rows) {
+    num += e.num;
+    den += e.den;
+    finite = finite && e.finite;
+  }
   const double err = std::sqrt(num / den);
   // fp32 out: no 16-bit rounding of the result, only fp32 accumulation and one fp32 rounding
   // (≈ 2^-24·sqrt(k) relative, < 2e-6 for k ≤ 1000); 1e-5 leaves room for split-k reductions.
