@@ -107,6 +107,18 @@ struct RowError {
   bool finite = true, symmetric = true;
 };
 
+// The rows' shares summed in row order.
+RowError sum_rows(const std::vector<RowError>& rows) {
+  RowError all;
+  for (const RowError& e : rows) {
+    all.num += e.num;
+    all.den += e.den;
+    all.finite = all.finite && e.finite;
+    all.symmetric = all.symmetric && e.symmetric;
+  }
+  return all;
+}
+
 using Buf32 = DeviceArray<float>;  // fp32 storage (orthopt_gemm's fp32 C and D)
 
 void fill_random(Buf& b, orthopt_dtype dt, std::mt19937& rng, double scale) {
@@ -198,15 +210,9 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
       e.den += w * ref * ref;
     }
   });
-  double num = 0, den = 0;
-  bool symmetric = true, finite = true;
-  for (const RowError& e : rows) {
-    num += e.num;
-    den += e.den;
-    finite = finite && e.finite;
-    symmetric = symmetric && e.symmetric;
-  }
-  const double err = std::sqrt(num / den);
+  const RowError all = sum_rows(rows);
+  const bool finite = all.finite, symmetric = all.symmetric;
+  const double err = std::sqrt(all.num / all.den);
   // BLOCKS and NATIVE mirror the lower triangle (bit-exact symmetry); DENSE computes both.
   const bool ok = finite && (symmetric || path == ORTHOPT_SYM_DENSE) && err <= bound(dt);
   if (!ok) ++g_failures;
@@ -272,14 +278,9 @@ void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k
       e.den += ref * ref;
     }
   });
-  double num = 0, den = 0;
-  bool finite = true;
-  for (const RowError& e : rows) {
-    num += e.num;
-    den += e.den;
-    finite = finite && e.finite;
-  }
-  const double err = std::sqrt(num / den);
+  const RowError all = sum_rows(rows);
+  const bool finite = all.finite;
+  const double err = std::sqrt(all.num / all.den);
   // fp32 out: no 16-bit rounding of the result, only fp32 accumulation and one fp32 rounding
   // (≈ 2^-24·sqrt(k) relative, < 2e-6 for k ≤ 1000); 1e-5 leaves room for split-k reductions.
   const double limit = fp32_out ? 1e-5 : bound(dt);
