@@ -1,6 +1,6 @@
 """A/B of ORTHOPT_GROUP_OVERLAP: the AdamW group's launch on a side stream beside the matrix
-group's orthogonalization (default) against every group on the caller's stream in group order
-(=0), in one process, round-robin, on performance.md's parameter sets (bench/gpu/step_peers.py).
+group's orthogonalization (=1, opt-in) against every group on the caller's stream in group order
+(unset), in one process, round-robin, on performance.md's parameter sets (bench/gpu/step_peers.py).
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/group_overlap_ab.py
 [gpt2|llama ...] [--algos=muon,dion3] [--repeats=N]
 Eager: one optimizer, the variable set before each step (it is read when a step is queued).
@@ -19,9 +19,9 @@ from step_peers import param_set, round_robin_ms
 def with_overlap(on, fn):
     def run():
         if on:
-            os.environ.pop("ORTHOPT_GROUP_OVERLAP", None)
+            os.environ["ORTHOPT_GROUP_OVERLAP"] = "1"
         else:
-            os.environ["ORTHOPT_GROUP_OVERLAP"] = "0"
+            os.environ.pop("ORTHOPT_GROUP_OVERLAP", None)
         fn()
     return run
 

@@ -374,7 +374,8 @@ class OptimizerImpl {
   // start_beside() runs them on a side stream once the first such group's momentum pass is
   // queued, beside its orthogonalization, whose products leave the memory bandwidth idle.
   // Different params and state, so the values are the same in either order.
-  // ORTHOPT_GROUP_OVERLAP=0 keeps every group on the caller's stream, in group order (A/B).
+  // Opt-in for now (ORTHOPT_GROUP_OVERLAP=1): not yet run on a GPU (thirty-seventh session: no
+  // device); unset or 0 keeps every group on the caller's stream, in group order.
   std::vector<std::function<void()>> beside_work;
   std::vector<at::Tensor> beside_inputs;  // made on the caller's stream, read beside it
   std::function<void()> beside_join;      // set once started: the caller's stream waits
@@ -1278,7 +1279,7 @@ class OptimizerImpl {
   // Whether this step queues the AdamW and Lion groups beside a matrix group (beside_work).
   bool groups_overlap() const {
     if (!lr_scale.is_cuda() || !gpu_kernels_enabled()) return false;
-    if (const char* env = std::getenv("ORTHOPT_GROUP_OVERLAP"); env && std::strcmp(env, "0") == 0) return false;
+    if (const char* env = std::getenv("ORTHOPT_GROUP_OVERLAP"); !env || std::strcmp(env, "1") != 0) return false;
     bool matrix = false, elementwise = false;
     for (const auto& grp : groups) {
       const Algorithm a = grp.options.algorithm;

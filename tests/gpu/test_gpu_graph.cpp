@@ -202,7 +202,7 @@ TEST_F(GpuGraph, SkipFactorActsInsideTheGraph) {
 }
 
 // The AdamW and Lion groups step on a side stream beside the matrix groups' orthogonalization
-// (ORTHOPT_GROUP_OVERLAP, on by default): the same kernels on the same data as in group order,
+// (ORTHOPT_GROUP_OVERLAP=1, opt-in): the same kernels on the same data as in group order,
 // so every parameter and state tensor must be bit-identical to an optimizer stepping in group
 // order, with skip gating (the keep flag read beside) and a scheduled lr, eager and replayed.
 // Large AdamW and Lion tensors, so their launch is still running when the Muon group's
@@ -227,9 +227,10 @@ TEST_F(GpuGraph, GroupOverlapBitIdenticalToGroupOrder) {
     fill_grads({&in_order, &beside, &beside_graph_opt}, 70 + t);
     setenv("ORTHOPT_GROUP_OVERLAP", "0", 1);
     in_order.step();
-    unsetenv("ORTHOPT_GROUP_OVERLAP");
+    setenv("ORTHOPT_GROUP_OVERLAP", "1", 1);
     beside.step();
     beside_graph.step();
+    unsetenv("ORTHOPT_GROUP_OVERLAP");
     ASSERT_EQ(first_mismatch(in_order, beside), "") << "step " << t << " (eager)";
     ASSERT_EQ(first_mismatch(in_order, beside_graph_opt), "") << "step " << t << " (graph)";
   }
