@@ -12,7 +12,7 @@ import sys
 import torch
 
 import orthopt
-from profile_step import groups_for
+from profile_step import groups_for, sets_and_flags
 from step_peers import param_set, round_robin_ms
 
 
@@ -28,8 +28,7 @@ def with_overlap(on, fn):
 
 def main():
     torch.manual_seed(0)
-    sets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gpt2", "llama"]
-    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    sets, flags = sets_and_flags(sys.argv[1:])
     algos = flags.get("algos", "muon,dion3").split(",")
     repeats = int(flags.get("repeats", "30"))
     print("| set | algorithm | eager, in order | eager, beside | graph, in order | graph, beside | graph beside / in order |")

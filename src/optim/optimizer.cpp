@@ -378,7 +378,7 @@ class OptimizerImpl {
   // device); unset or 0 keeps every group on the caller's stream, in group order.
   std::vector<std::function<void()>> beside_work;
   std::vector<at::Tensor> beside_inputs;  // made on the caller's stream, read beside it
-  std::function<void()> beside_join;      // set once started: the caller's stream waits
+  std::function<void()> beside_join;      // set once started: makes the caller's stream wait
   void start_beside() {
     if (beside_work.empty()) return;
     auto work = std::move(beside_work);
@@ -1299,10 +1299,8 @@ class OptimizerImpl {
     // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
     const at::Tensor scale = lr_scale.to(at::kDouble);
 #ifdef ORTHOPT_WITH_CUDA
-    beside_work.clear();
-    beside_inputs.clear();
-    beside_join = nullptr;
-    // Joins the side stream before returning, also when a group's step throws.
+    // Joins the side stream before returning, also when a group's step throws; leaves the
+    // beside_* members empty for the next step.
     struct Join {
       OptimizerImpl& self;
       ~Join() {
@@ -1337,8 +1335,7 @@ class OptimizerImpl {
       }
     }
 #ifdef ORTHOPT_WITH_CUDA
-    start_beside();  // (no group took them earlier)
-    if (beside_join) std::exchange(beside_join, nullptr)();
+    start_beside();  // (no group took them earlier); `join` waits for them on return
 #endif
     if (skip_active)
       steps.add_(keep.to(at::kLong));
