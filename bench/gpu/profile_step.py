@@ -153,15 +153,10 @@ def groups_for(algo, mats, others, dion_qr="householder"):
     return [matrix, dict(params=others, algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)]
 
 
-def sets_and_flags(argv):
-    """The parameter sets named in argv (default gpt2 and llama) and its --key=value flags."""
-    sets = [a for a in argv if not a.startswith("--")] or ["gpt2", "llama"]
-    return sets, dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-
-
 def main():
     torch.manual_seed(0)
-    sets, flags = sets_and_flags(sys.argv[1:])
+    sets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gpt2", "llama"]
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     algos = flags.get("algos", "muon,normuon,dion3").split(",")
     top = int(flags.get("top", "14"))
     host = "--host" in sys.argv[1:]

@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <memory>
 
 #include "orthopt_kernels.h"
 
@@ -46,28 +45,6 @@ void run_on_parallel_streams(c10::Device device, const std::vector<std::function
   if (outputs)
     for (const at::Tensor& t : *outputs)
       if (t.defined()) t.record_stream(main);
-}
-
-std::function<void()> run_beside(c10::Device device, const std::function<void()>& work,
-                                 const std::vector<at::Tensor>& inputs) {
-  const c10::cuda::CUDAGuard guard(device);
-  const at::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream(device.index());
-  const at::cuda::CUDAStream side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-  at::cuda::CUDAEvent fork;
-  fork.record(main);
-  fork.block(side);
-  for (const at::Tensor& t : inputs)
-    if (t.defined()) t.record_stream(side);
-  {
-    const c10::cuda::CUDAStreamGuard on(side);
-    work();
-  }
-  auto done = std::make_shared<at::cuda::CUDAEvent>();
-  done->record(side);
-  return [done, device] {
-    const c10::cuda::CUDAGuard on_device(device);
-    done->block(at::cuda::getCurrentCUDAStream(device.index()));
-  };
 }
 
 }  // namespace orthopt::cuda

@@ -21,14 +21,5 @@ namespace orthopt::cuda {
 void run_on_parallel_streams(c10::Device device, const std::vector<std::function<void()>>& chains,
                              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* outputs);
 
-// Runs `work` on one of torch's pool streams after the work queued so far on the caller's
-// current stream, and returns the join: calling it makes the current stream wait for `work`.
-// `inputs`: tensors made on the caller's stream that `work` reads (recorded on the side stream,
-// so the caching allocator does not reuse their memory early). Tensors `work` allocates belong
-// to the side stream. Capturable in a CUDA graph (`work` becomes a parallel branch) when the
-// join is called before the capture ends.
-std::function<void()> run_beside(c10::Device device, const std::function<void()>& work,
-                                 const std::vector<at::Tensor>& inputs);
-
 }  // namespace orthopt::cuda
 #endif  // ORTHOPT_WITH_CUDA

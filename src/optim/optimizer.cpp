@@ -29,12 +29,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <sstream>
 #include <tuple>
 #include <unordered_set>
-#include <utility>
 
 #include "optim/update_math.h"
 #include "ortho/orthogonalize_detail.h"
@@ -42,7 +40,6 @@
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
 #include "cuda/products_cuda.h"
-#include "cuda/stream_fork.h"
 #endif
 
 namespace orthopt {
@@ -368,27 +365,6 @@ class OptimizerImpl {
     at::Tensor ok;
   };
   std::vector<PendingDionBank> pending_dion;
-#ifdef ORTHOPT_WITH_CUDA
-  // The AdamW and Lion groups' steps on the multi-tensor kernels (one launch each) when a
-  // Muon, NorMuon or Dion3 group steps on the same GPU: enqueue_step() queues them here, and
-  // start_beside() runs them on a side stream once the first such group's momentum pass is
-  // queued, beside its orthogonalization, whose products leave the memory bandwidth idle.
-  // Different params and state, so the values are the same in either order.
-  // Opt-in for now (ORTHOPT_GROUP_OVERLAP=1): not yet run on a GPU (thirty-seventh session: no
-  // device); unset or 0 keeps every group on the caller's stream, in group order.
-  std::vector<std::function<void()>> beside_work;
-  std::vector<at::Tensor> beside_inputs;  // made on the caller's stream, read beside it
-  std::function<void()> beside_join;      // set once started: makes the caller's stream wait
-  void start_beside() {
-    if (beside_work.empty()) return;
-    auto work = std::move(beside_work);
-    beside_work.clear();
-    if (keep.defined()) beside_inputs.push_back(keep);
-    beside_join = cuda::run_beside(
-        lr_scale.device(), [&work] { for (const auto& w : work) w(); }, beside_inputs);
-    beside_inputs.clear();
-  }
-#endif
 
   explicit OptimizerImpl(std::vector<ParamGroup> g) : groups(std::move(g)) {
     c10::optional<c10::Device> device;
@@ -817,9 +793,6 @@ class OptimizerImpl {
     // chain of products, so on a GPU the small chains run side by side, and the Gram NS of
     // selections with the same m iterates as one batch (orthogonalize_many_in_compute_dtype).
     // All banks' selections are alive at once (Llama 1.26B, fp32: about 1.1 GB).
-#ifdef ORTHOPT_WITH_CUDA
-    start_beside();
-#endif
     const std::vector<at::Tensor> ns =
         detail::orthogonalize_many_in_compute_dtype(selected, batch_ortho_options(o.ortho));
     for (size_t bi = 0; bi < bks.size(); ++bi) {
@@ -1165,7 +1138,6 @@ class OptimizerImpl {
       stacks.push_back(stack);
       if (o.ortho.split_sizes.empty()) norms.push_back(row_sq.sum(-1).sqrt_());  // [B]
     }
-    start_beside();
 
     const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
@@ -1275,21 +1247,6 @@ class OptimizerImpl {
   }
 #endif  // ORTHOPT_WITH_CUDA
 
-#ifdef ORTHOPT_WITH_CUDA
-  // Whether this step queues the AdamW and Lion groups beside a matrix group (beside_work).
-  bool groups_overlap() const {
-    if (!lr_scale.is_cuda() || !gpu_kernels_enabled()) return false;
-    if (const char* env = std::getenv("ORTHOPT_GROUP_OVERLAP"); !env || std::strcmp(env, "1") != 0) return false;
-    bool matrix = false, elementwise = false;
-    for (const auto& grp : groups) {
-      const Algorithm a = grp.options.algorithm;
-      matrix |= a == Algorithm::Muon || a == Algorithm::NorMuon || a == Algorithm::Dion3;
-      elementwise |= a == Algorithm::AdamW || a == Algorithm::Lion;
-    }
-    return matrix && elementwise;
-  }
-#endif
-
   // Optimizer::enqueue_step(): the whole step but finish_step()'s part.
   void enqueue_step() {
     at::NoGradGuard no_grad;
@@ -1298,33 +1255,8 @@ class OptimizerImpl {
     if (skip_active) keep = skip_factor != 0;
     // lr in fp64 so host lr values are not rounded twice; 0-d, so it does not promote tensors.
     const at::Tensor scale = lr_scale.to(at::kDouble);
-#ifdef ORTHOPT_WITH_CUDA
-    // Joins the side stream before returning, also when a group's step throws; leaves the
-    // beside_* members empty for the next step.
-    struct Join {
-      OptimizerImpl& self;
-      ~Join() {
-        self.beside_work.clear();
-        self.beside_inputs.clear();
-        if (self.beside_join) std::exchange(self.beside_join, nullptr)();
-      }
-    } join{*this};
-    const bool overlap = groups_overlap();
-#endif
     for (size_t g = 0; g < groups.size(); ++g) {
       const at::Tensor lr = scale * groups[g].options.lr;
-#ifdef ORTHOPT_WITH_CUDA
-      if (const Algorithm a = groups[g].options.algorithm; overlap && (a == Algorithm::AdamW || a == Algorithm::Lion)) {
-        auto idx = active(g);
-        if (fused(g, idx)) {  // (also creates the state, on the caller's stream)
-          beside_inputs.push_back(lr);
-          beside_work.push_back([this, g, a, idx = std::move(idx), lr] {
-            a == Algorithm::AdamW ? step_adamw_fused(g, idx, lr) : step_lion_fused(g, idx, lr);
-          });
-          continue;
-        }
-      }
-#endif
       switch (groups[g].options.algorithm) {
         case Algorithm::Muon:
         case Algorithm::NorMuon: step_muon(g, lr); break;
@@ -1334,9 +1266,6 @@ class OptimizerImpl {
         case Algorithm::Lion: step_lion(g, lr); break;
       }
     }
-#ifdef ORTHOPT_WITH_CUDA
-    start_beside();  // (no group took them earlier); `join` waits for them on return
-#endif
     if (skip_active)
       steps.add_(keep.to(at::kLong));
     else

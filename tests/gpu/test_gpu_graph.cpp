@@ -201,44 +201,6 @@ TEST_F(GpuGraph, SkipFactorActsInsideTheGraph) {
   EXPECT_EQ(graphed_opt.step_count(), 5);
 }
 
-// The AdamW and Lion groups step on a side stream beside the matrix groups' orthogonalization
-// (ORTHOPT_GROUP_OVERLAP=1, opt-in): the same kernels on the same data as in group order,
-// so every parameter and state tensor must be bit-identical to an optimizer stepping in group
-// order, with skip gating (the keep flag read beside) and a scheduled lr, eager and replayed.
-// Large AdamW and Lion tensors, so their launch is still running when the Muon group's
-// products start (a missing dependency would show as a difference).
-TEST_F(GpuGraph, GroupOverlapBitIdenticalToGroupOrder) {
-  std::vector<Spec> specs = mixed_specs();
-  specs.push_back({Algorithm::AdamW, {{2048, 1536}, {4096}}});
-  specs.push_back({Algorithm::Lion, {{1024, 1536}}});
-  Optimizer in_order(make_groups(specs, 14));
-  Optimizer beside(make_groups(specs, 14));
-  Optimizer beside_graph_opt(make_groups(specs, 14));
-  for (Optimizer* o : {&in_order, &beside, &beside_graph_opt}) o->set_skip_factor(at::ones({}, at::kFloat));
-  CudaGraphOptimizer beside_graph(beside_graph_opt, 2);
-  const char* saved = std::getenv("ORTHOPT_GROUP_OVERLAP");
-  const std::string saved_value = saved ? saved : "";
-  for (int t = 0; t < 8; ++t) {
-    const at::Tensor factor = t == 5 ? at::zeros({}, at::kFloat) : at::ones({}, at::kFloat);
-    for (Optimizer* o : {&in_order, &beside, &beside_graph_opt}) {
-      o->set_lr_scale(1.0 - 0.1 * t);
-      o->set_skip_factor(factor);
-    }
-    fill_grads({&in_order, &beside, &beside_graph_opt}, 70 + t);
-    setenv("ORTHOPT_GROUP_OVERLAP", "0", 1);
-    in_order.step();
-    setenv("ORTHOPT_GROUP_OVERLAP", "1", 1);
-    beside.step();
-    beside_graph.step();
-    unsetenv("ORTHOPT_GROUP_OVERLAP");
-    ASSERT_EQ(first_mismatch(in_order, beside), "") << "step " << t << " (eager)";
-    ASSERT_EQ(first_mismatch(in_order, beside_graph_opt), "") << "step " << t << " (graph)";
-  }
-  EXPECT_TRUE(beside_graph.captured());
-  EXPECT_EQ(in_order.step_count(), 7);
-  if (saved) setenv("ORTHOPT_GROUP_OVERLAP", saved_value.c_str(), 1);
-}
-
 TEST_F(GpuGraph, SkipGatingEnabledAfterCaptureIsRefused) {
   Optimizer opt(make_groups(mixed_specs(), 13));
   CudaGraphOptimizer graphed(opt, 1);
