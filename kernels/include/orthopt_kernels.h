@@ -174,6 +174,33 @@ orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, 
                                            orthopt_row_stat stat, float* const* stats, const uint8_t* keep,
                                            cudaStream_t stream);
 
+/* Muon momentum and the Newton–Schulz input of `batch` matrices [rows, cols] in one pass:
+ * M[b] ← μ·M[b] + w·G[b] as orthopt_multi_momentum, and out[b] = U[b] / (‖U[b]‖_F·safety + eps)
+ * rounded to out_dtype (bf16 or fp16), U[b] the fp32 input orthopt_multi_momentum writes
+ * (w·G + μ·M_new with nesterov, else M_new). Bit for bit what orthopt_multi_momentum_rows
+ * (ORTHOPT_ROW_SUMSQ_OUT, fp32 out), orthopt_norms_from_row_sumsq and orthopt_scale_cast give
+ * in turn, without the fp32 input in memory: each block keeps its rows of U in shared memory
+ * until the norms of its matrices are known (one block per multiprocessor, a cooperative
+ * launch). momentum[b], grad[b]: contiguous [rows, cols] device arrays (fp32, bf16 or fp16);
+ * out: contiguous [batch, rows, cols], 16-byte aligned; row_sumsq: device scratch of batch·rows
+ * floats (receives the rows' sums of squares of U); arrived: device scratch of batch unsigned
+ * ints (zeroed here). Needs orthopt_momentum_ns_input_fits(rows, cols). A skipped step (keep
+ * holding 0) writes no momentum, and zeros as out and row_sumsq. No allocation, no host
+ * synchronization: graph-capturable. */
+orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t cols, void* const* momentum,
+                                         orthopt_dtype momentum_dtype, const void* const* grad,
+                                         orthopt_dtype grad_dtype, void* out, orthopt_dtype out_dtype, double mu,
+                                         double grad_weight, int nesterov, float safety, float eps, float* row_sumsq,
+                                         unsigned int* arrived, const uint8_t* keep, cudaStream_t stream);
+/* 1 when matrices [rows, cols] fit orthopt_momentum_ns_input on the current device: cols a
+ * multiple of 4, the rows of one matrix within the blocks' shared memory (on an H100, 132 blocks
+ * of 223 KiB: up to 7.4 M elements), cooperative launch; else 0. */
+int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols);
+/* norms[b] = √(Σ_r row_sumsq[b·rows + r]) in fp32, summed in orthopt_momentum_ns_input's fixed
+ * order (deterministic): the norms of the two-pass form. One launch, graph-capturable. */
+orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, const float* row_sumsq, float* norms,
+                                            cudaStream_t stream);
+
 /* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
  * of per-tensor lr factors (the lr adjustment), NULL for all 1. row_scale: NULL, or per tensor a
  * device fp32 array of numel[j] / cols factors, one per row of cols elements, and then

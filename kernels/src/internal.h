@@ -9,6 +9,14 @@
 
 namespace orthopt_k {
 
+#ifdef __CUDACC__
+// The divisor of a Newton–Schulz input's scaling, as ATen computes `norm * safety + eps` in fp32:
+// two roundings (no fused multiply-add). orthopt_scale_cast and orthopt_momentum_ns_input.
+__device__ __forceinline__ float ns_input_divisor(float norm, float safety, float eps) {
+  return __fadd_rn(__fmul_rn(norm, safety), eps);
+}
+#endif
+
 // Records the message for orthopt_last_error() and returns `code`.
 orthopt_status fail(orthopt_status code, const char* fmt, ...);
 

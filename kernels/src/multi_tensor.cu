@@ -13,7 +13,10 @@
 // a·b + c into a fused multiply-add (which rounds once instead of twice and would make the two
 // paths differ); hyperparameters are rounded to fp32 once, as ATen does with a Scalar; products
 // with lr are fp64, like the reference's 0-d fp64 lr tensor.
+#include <algorithm>
 #include <array>
+#include <climits>
+#include <cstdint>
 #include <vector>
 
 #include "internal.h"
@@ -301,6 +304,150 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
   for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
   if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, p.momentum_dtype) : sum;
+}
+
+// ---- momentum and the Newton–Schulz input in one pass (orthopt_momentum_ns_input). The
+// two-pass form (momentum_rows_kernel writing the fp32 input, then orthopt_scale_cast) moves the
+// fp32 input through memory twice, 8 of its 22 bytes per element, because the scaling needs the
+// whole matrix's norm first. Here a block keeps its rows of the fp32 input in shared memory
+// until the norms of its matrices are known, so only the 16-bit input is written: one block per
+// multiprocessor, launched cooperatively (all resident at once), over rounds of whole matrices
+// that fit in the blocks' shared memory together. In a round, block j takes rows
+// [j·R/G, (j+1)·R/G) of the round's R rows (G blocks), one warp per row, with
+// momentum_rows_kernel's arithmetic and sums of squares (the same order, so the same bits); it
+// then counts itself in for each matrix it touched, waits until every block with rows of that
+// matrix has, takes the norm from the rows' sums (norm_from_row_sumsq, the order the two-pass
+// form's norms kernel uses) and writes its rows of the input scaled and rounded, as
+// orthopt_scale_cast does. A block waits only for blocks of its own round, which all run, so
+// the waits end.
+
+constexpr int kNsThreads = 1024;
+constexpr int kNsWarps = kNsThreads / 32;
+constexpr int kNsIlp = 8;        // loads per lane and role in flight (one block per multiprocessor)
+constexpr int kNsMaxMats = 112;  // matrices per launch: their pointers travel in the arguments
+
+// The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
+// adds rows t, t + kNsThreads, ... in turn, then a tree over the threads. Deterministic, and
+// the same in both kernels that call it (red: kNsThreads floats of shared memory). Rows written
+// by other blocks are read from L2 (__ldcg), past the caller's fence.
+__device__ float norm_from_row_sumsq(const float* row_sumsq, int64_t rows, float* red) {
+  float s = 0.0f;
+  for (int64_t r = threadIdx.x; r < rows; r += kNsThreads) s = __fadd_rn(s, __ldcg(row_sumsq + r));
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int off = kNsThreads / 2; off > 0; off /= 2) {
+    if (static_cast<int>(threadIdx.x) < off) red[threadIdx.x] = __fadd_rn(red[threadIdx.x], red[threadIdx.x + off]);
+    __syncthreads();
+  }
+  const float total = red[0];
+  __syncthreads();  // red is reused by the next call
+  return __fsqrt_rn(total);
+}
+
+// One block per matrix: norms[b] from the row sums of matrix b (the two-pass form).
+__global__ void __launch_bounds__(kNsThreads) norms_from_row_sumsq_kernel(const float* row_sumsq, int64_t rows,
+                                                                          float* norms) {
+  __shared__ float red[kNsThreads];
+  const float n = norm_from_row_sumsq(row_sumsq + static_cast<int64_t>(blockIdx.x) * rows, rows, red);
+  if (threadIdx.x == 0) norms[blockIdx.x] = n;
+}
+
+struct MomentumNsArgs {
+  MomentumArgs momentum;  // out_dtype: the input's, bf16 or fp16
+  int64_t rows, cols;
+  int batch, mats_per_round;
+  float safety, eps;
+  float* row_sumsq;         // [batch·rows], written
+  unsigned int* arrived;    // [batch], zero on entry
+  void* out;                // [batch, rows, cols]
+  void* momentum_ptr[kNsMaxMats];
+  const void* grad_ptr[kNsMaxMats];
+};
+
+// ceil(a / b) for a >= 0, b > 0.
+__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
+  extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
+  float* const u = reinterpret_cast<float*>(smem_input);
+  __shared__ float red[kNsThreads];
+  const MomentumArgs& p = a.momentum;
+  const bool skip = skipped(p.keep);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
+  for (int first = 0; first < a.batch; first += a.mats_per_round) {
+    const int count = min(a.mats_per_round, a.batch - first);
+    const int64_t round_rows = static_cast<int64_t>(count) * rows;  // >= blocks (the host's grid)
+    const int64_t r0 = blockIdx.x * round_rows / blocks, r1 = (blockIdx.x + 1) * round_rows / blocks;
+    // Momentum, the fp32 input into shared memory, each row's sum of squares (skipped step: no
+    // momentum written, the input and its sums 0).
+    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
+      const int64_t gr = r0 + lr;  // row in the round
+      const int mat = first + static_cast<int>(gr / rows);
+      const int64_t row_start = (gr % rows) * cols;
+      void* M = a.momentum_ptr[mat];
+      const void* G = a.grad_ptr[mat];
+      float* const urow = u + lr * cols;
+      float sum = 0.0f;
+      for (int64_t c0 = lane; c0 < cols; c0 += 32 * kNsIlp) {
+        float m[kNsIlp], g[kNsIlp];
+#pragma unroll
+        for (int r = 0; r < kNsIlp; ++r) {
+          const int64_t c = c0 + r * 32;
+          m[r] = c < cols && !skip ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
+          g[r] = c < cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < kNsIlp; ++r) {
+          const int64_t c = c0 + r * 32;
+          if (c >= cols) continue;
+          if (skip) {
+            urow[c] = 0.0f;
+            continue;
+          }
+          float wg;
+          const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
+          store(M, row_start + c, p.momentum_dtype, m_new);
+          const float o = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
+          urow[c] = o;
+          sum = __fadd_rn(sum, __fmul_rn(o, o));
+        }
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;
+    }
+    __threadfence();  // the row sums, device-wide, before this block counts itself in
+    __syncthreads();
+    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
+    if (threadIdx.x == 0) {
+      for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
+    }
+    for (int q = mat_lo; q <= mat_hi; ++q) {
+      const int64_t qs = static_cast<int64_t>(q - first) * rows, qe = qs + rows;  // its rows in the round
+      if (threadIdx.x == 0) {
+        // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
+        // block has at least one row, as R >= G).
+        const unsigned want =
+            static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
+        while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+      const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
+                                       a.safety, a.eps);
+      const int64_t lo = max(r0, qs), hi = min(r1, qe);
+      const float* src = u + (lo - r0) * cols;
+      const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
+      const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
+      for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src + i);
+        const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
+        store_pack(a.out, dst + i, dst + n, p.out_dtype, true, v);
+      }
+    }
+    __syncthreads();  // shared memory is refilled by the next round
+  }
 }
 
 struct UpdateArgs {
@@ -812,6 +959,131 @@ extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64
         return ORTHOPT_OK;
       },
       kRowsPerBlock * cols);
+}
+
+namespace orthopt_k {
+namespace {
+
+// One block of momentum_ns_input_kernel per multiprocessor with all the shared memory a block
+// may have; blocks = 0 where the device lacks cooperative launch or a query fails.
+struct NsLaunch {
+  int64_t blocks = 0;
+  size_t smem_bytes = 0;  // dynamic, a multiple of 16
+};
+NsLaunch ns_launch() {
+  int dev = 0, coop = 0, sms = 0, optin = 0, per_sm = 0;
+  cudaFuncAttributes attr{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
+      cudaFuncGetAttributes(&attr, momentum_ns_input_kernel) || !coop || sms < 1) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  const size_t smem = (static_cast<size_t>(optin) - attr.sharedSizeBytes) / 16 * 16;
+  if (cudaFuncSetAttribute(momentum_ns_input_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, momentum_ns_input_kernel, kNsThreads, smem) ||
+      per_sm < 1) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return {static_cast<int64_t>(sms) * per_sm, smem};
+}
+
+// Matrices of one round: as many as the blocks' shared memory holds, spread evenly over the
+// fewest rounds. grid <= rows, so every block has rows in every round. 0: a matrix does not fit.
+int64_t ns_mats_per_round(int64_t batch, int64_t rows, int64_t cols, int64_t grid, size_t smem_bytes) {
+  const int64_t rows_per_block = static_cast<int64_t>(smem_bytes / sizeof(float)) / cols;
+  const int64_t most = grid * rows_per_block / rows;
+  if (most < 1) return 0;
+  const int64_t rounds = (batch + most - 1) / most;
+  return (batch + rounds - 1) / rounds;
+}
+
+}  // namespace
+}  // namespace orthopt_k
+
+extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) {
+  if (rows < 1 || cols < 4 || cols % 4 != 0 || rows > (int64_t(1) << 30) || cols > (int64_t(1) << 30)) return 0;
+  const NsLaunch l = ns_launch();
+  if (l.blocks == 0) return 0;
+  return ns_mats_per_round(1, rows, cols, std::min(l.blocks, rows), l.smem_bytes) >= 1 ? 1 : 0;
+}
+
+extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t cols, void* const* momentum,
+                                                    orthopt_dtype momentum_dtype, const void* const* grad,
+                                                    orthopt_dtype grad_dtype, void* out, orthopt_dtype out_dtype,
+                                                    double mu, double grad_weight, int nesterov, float safety,
+                                                    float eps, float* row_sumsq, unsigned int* arrived,
+                                                    const uint8_t* keep, cudaStream_t stream) {
+  const char* fn = "orthopt_momentum_ns_input";
+  if (batch < 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be >= 0, got %lld", fn, (long long)batch);
+  if (batch == 0) return ORTHOPT_OK;
+  if (!orthopt_momentum_ns_input_fits(rows, cols))
+    return fail(ORTHOPT_ERR_INVALID,
+                "%s: matrices [%lld, %lld] do not fit (cols a multiple of 4, one matrix within the blocks' shared "
+                "memory, cooperative launch): check orthopt_momentum_ns_input_fits first",
+                fn, (long long)rows, (long long)cols);
+  std::vector<int64_t> numel(static_cast<size_t>(batch), rows * cols);
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", batch, numel.data(), momentum, momentum_dtype));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", batch, numel.data(), grad, grad_dtype));
+  if (out_dtype != ORTHOPT_BF16 && out_dtype != ORTHOPT_FP16)
+    return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument 'out' must be bf16 or fp16, got %d", fn,
+                static_cast<int>(out_dtype));
+  if (!out || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'out' must be a 16-byte aligned device pointer", fn);
+  if (!row_sumsq || !arrived)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
+  const NsLaunch l = ns_launch();
+  const int64_t grid = std::min(l.blocks, rows);
+  MomentumNsArgs args{};
+  args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
+  args.rows = rows;
+  args.cols = cols;
+  args.safety = safety;
+  args.eps = eps;
+  const size_t out_bytes = static_cast<size_t>(rows * cols) * 2;
+  for (int64_t first = 0; first < batch; first += kNsMaxMats) {
+    const int64_t n = std::min<int64_t>(kNsMaxMats, batch - first);
+    args.batch = static_cast<int>(n);
+    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, l.smem_bytes));
+    args.row_sumsq = row_sumsq + first * rows;
+    args.arrived = arrived + first;
+    args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+      args.momentum_ptr[j] = momentum[first + j];
+      args.grad_ptr[j] = grad[first + j];
+    }
+    ORTHOPT_CUDA_TRY(cudaMemsetAsync(args.arrived, 0, static_cast<size_t>(n) * sizeof(unsigned int), stream));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(kNsThreads);
+    cfg.dynamicSmemBytes = l.smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;  // all blocks resident at once: the waits end
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel, args));
+  }
+  return ORTHOPT_OK;
+}
+
+extern "C" orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, const float* row_sumsq,
+                                                       float* norms, cudaStream_t stream) {
+  const char* fn = "orthopt_norms_from_row_sumsq";
+  if (batch < 0 || rows < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'batch' and 'rows' must be >= 0, got %lld and %lld", fn,
+                (long long)batch, (long long)rows);
+  if (batch == 0) return ORTHOPT_OK;
+  if (batch > INT32_MAX) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be < 2^31", fn);
+  if (!norms || (rows > 0 && !row_sumsq))
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'norms' must not be NULL", fn);
+  norms_from_row_sumsq_kernel<<<static_cast<unsigned>(batch), kNsThreads, 0, stream>>>(row_sumsq, rows, norms);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
 }
 
 extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,

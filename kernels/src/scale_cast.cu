@@ -60,9 +60,9 @@ __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return
 template <>
 __device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
 
-// The divisor of matrix b, as ATen computes `norm * safety + eps` in fp32: two roundings.
+// The divisor of matrix b (ns_input_divisor).
 __device__ __forceinline__ float divisor(const float* norm, int64_t b, float safety, float eps) {
-  return __fadd_rn(__fmul_rn(norm[b], safety), eps);
+  return ns_input_divisor(norm[b], safety, eps);
 }
 
 // V elements moved as one aligned access (16 bytes for the wider of the two types).

@@ -4,7 +4,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
 #include <map>
+#include <string_view>
 
 #include "orthopt/runtime.h"
 #include "orthopt_kernels.h"
@@ -183,6 +185,60 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
                      stat_ptrs.data(), launch.keep, launch.stream),
                  "orthopt_multi_momentum_rows");
   }
+}
+
+at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq) {
+  const char* fn = "orthopt::cuda::norms_from_row_sumsq";
+  TORCH_CHECK(row_sumsq.defined() && row_sumsq.is_cuda() && row_sumsq.scalar_type() == at::kFloat &&
+                  row_sumsq.dim() == 2 && row_sumsq.is_contiguous(),
+              fn, ": argument 'row_sumsq': expected a contiguous fp32 CUDA tensor [B, rows]");
+  const c10::cuda::CUDAGuard guard(row_sumsq.device());
+  at::Tensor norms = at::empty({row_sumsq.size(0)}, row_sumsq.options());
+  check_status(orthopt_norms_from_row_sumsq(row_sumsq.size(0), row_sumsq.size(1), row_sumsq.data_ptr<float>(),
+                                            norms.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
+               "orthopt_norms_from_row_sumsq");
+  return norms;
+}
+
+bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols) {
+  const char* env = std::getenv("ORTHOPT_FUSED_NS_INPUT");
+  if ((env && std::string_view(env) == "0") || !device.is_cuda() || !gpu_kernels_enabled()) return false;
+  const c10::cuda::CUDAGuard guard(device);
+  return orthopt_momentum_ns_input_fits(rows, cols) == 1;
+}
+
+void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+                       const at::Tensor& out, double mu, double grad_weight, bool nesterov, double safety,
+                       double eps, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::momentum_ns_input";
+  TORCH_CHECK(out.defined() && out.is_cuda() && out.dim() == 3 && out.is_contiguous() &&
+                  (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf),
+              fn, ": argument 'out': expected a contiguous bf16/fp16 CUDA tensor [B, rows, cols]");
+  TORCH_CHECK(static_cast<int64_t>(momenta.size()) == out.size(0), fn, ": argument 'momenta' has ", momenta.size(),
+              " tensors, expected ", out.size(0), " (one per matrix of 'out')");
+  const std::vector<List> lists = {{&momenta, "momenta"}, {&grads, "grads"}};
+  const auto groups = by_dtypes(lists, fn);
+  if (momenta.empty()) return;
+  TORCH_CHECK(groups.size() == 1, fn, ": arguments 'momenta' and 'grads' must each have one dtype");
+  const int64_t rows = out.size(1), cols = out.size(2);
+  for (size_t i = 0; i < momenta.size(); ++i)
+    TORCH_CHECK(momenta[i].numel() == rows * cols && momenta[i].device() == out.device(), fn, ": argument 'momenta' [",
+                i, "] has ", momenta[i].numel(), " elements on ", momenta[i].device(), ", expected ", rows * cols,
+                " on ", out.device());
+  const Launch launch(out.device(), keep, nullptr, fn);
+  const std::vector<size_t> all = groups.begin()->second;
+  const std::vector<int>& dt = groups.begin()->first;
+  auto M = pointers(lists[0], all), G = pointers(lists[1], all);
+  const at::Tensor row_sumsq = at::empty({out.size(0), rows}, out.options().dtype(at::kFloat));
+  const at::Tensor arrived = at::empty({out.size(0)}, out.options().dtype(at::kInt));
+  // Scalars rounded to fp32 as scale_cast rounds them (static_cast: to nearest).
+  check_status(orthopt_momentum_ns_input(out.size(0), rows, cols, M.data(), static_cast<orthopt_dtype>(dt[0]),
+                                         const_cast<const void* const*>(G.data()), static_cast<orthopt_dtype>(dt[1]),
+                                         out.data_ptr(), kernel_dtype(out.scalar_type()), mu, grad_weight,
+                                         nesterov ? 1 : 0, static_cast<float>(safety), static_cast<float>(eps),
+                                         row_sumsq.data_ptr<float>(), static_cast<unsigned int*>(arrived.data_ptr()),
+                                         launch.keep, launch.stream),
+               "orthopt_momentum_ns_input");
 }
 
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,

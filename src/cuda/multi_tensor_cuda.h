@@ -31,6 +31,24 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
                    const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
                    double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep);
 
+// The NS input's per-matrix norms from momentum_rows' SumSqOfOutput statistics row_sumsq
+// [B, rows] (fp32): √ of each matrix's sum of rows in orthopt_norms_from_row_sumsq's fixed
+// order, the order momentum_ns_input uses. Returns [B] fp32.
+at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq);
+
+// Whether momentum_ns_input takes matrices [rows, cols] on `device`
+// (orthopt_momentum_ns_input_fits); false where ORTHOPT_FUSED_NS_INPUT=0 (read at each call:
+// A/B timings, and the tests' comparison with the two-pass form).
+bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols);
+// momentum_rows(SumSqOfOutput) into an fp32 stack, norms_from_row_sumsq and the scaled cast
+// of that stack to `out`'s dtype, in one kernel (orthopt_momentum_ns_input), bit for bit, but
+// for a skipped step, which writes zeros as `out` (the two-pass form leaves its stack as it
+// was). out: contiguous [B, rows, cols] CUDA bf16/fp16, one matrix per momentum; momenta and
+// grads: contiguous, rows·cols elements each, one dtype per list.
+void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
+                       const at::Tensor& out, double mu, double grad_weight, bool nesterov, double safety,
+                       double eps, const at::Tensor& keep);
+
 // W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0). With row_scales
 // (one fp32 tensor per weight, one value per row of `cols` elements; empty: none), D is
 // directions[i] · row_scales[i][row] in fp32 (NorMuon's Û without storing it).

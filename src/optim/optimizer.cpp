@@ -1119,27 +1119,56 @@ class OptimizerImpl {
     // [B, rows, cols] buffer (the stack the reference builds) and sums each row's squares of
     // them: the NS input norms then come from [B, rows] partial sums instead of another read of
     // the stack.
+    // Where the NS input is the bank as stored (wide and square banks, tall ones in Gram NS's own
+    // layout) and the bank fits the blocks' shared memory, one kernel does the momentum and
+    // writes that input in its 16-bit dtype instead (cuda::momentum_ns_input: the same bits
+    // without the fp32 stack written and read back; ORTHOPT_FUSED_NS_INPUT=0 turns it off).
     const auto bks = banks(g, idx);
     const double grad_weight = optim_detail::momentum_grad_weight(o.momentum, o.momentum_style);
+    const OrthoOptions ortho = batch_ortho_options(o.ortho);
+    const Schedule schedule = resolve_schedule(ortho);
     std::vector<at::Tensor> stacks, norms;
+    std::vector<bool> prepared;
     for (const Bank& b : bks) {
-      const at::Tensor stack =
-          at::empty({b.size(), b.rows, b.cols}, params[b.params[0]].options().dtype(at::kFloat));
-      const at::Tensor row_sq = at::empty({b.size(), b.rows}, stack.options());
-      std::vector<at::Tensor> momenta, grads, inputs, stats;
+      std::vector<at::Tensor> momenta, grads;
       for (size_t j = 0; j < b.params.size(); ++j) {
         momenta.push_back(state_of(g, b.params[j]).at("momentum"));
         grads.push_back(params[b.params[j]].grad());
+      }
+      const std::optional<at::ScalarType> ns_dtype = detail::prepared_input_dtype(b.rows, b.cols, ortho, momenta[0]);
+      if (ns_dtype && cuda::momentum_ns_input_handles(momenta[0].device(), b.rows, b.cols)) {
+        const at::Tensor input = at::empty({b.size(), b.rows, b.cols}, momenta[0].options().dtype(*ns_dtype));
+        std::vector<at::Tensor> matrix_momenta, matrix_grads;  // one per matrix: a param may hold several
+        for (size_t j = 0; j < momenta.size(); ++j) {
+          const at::Tensor m3 = momenta[j].view({-1, b.rows, b.cols}), g3 = grads[j].reshape({-1, b.rows, b.cols});
+          for (int64_t e = 0; e < m3.size(0); ++e) {
+            matrix_momenta.push_back(m3[e]);
+            matrix_grads.push_back(g3[e]);
+          }
+        }
+        cuda::momentum_ns_input(matrix_momenta, matrix_grads, input, o.momentum, grad_weight, o.nesterov,
+                                schedule.safety, schedule.eps, keep_flag());
+        stacks.push_back(input);
+        norms.emplace_back();
+        prepared.push_back(true);
+        continue;
+      }
+      const at::Tensor stack =
+          at::empty({b.size(), b.rows, b.cols}, params[b.params[0]].options().dtype(at::kFloat));
+      const at::Tensor row_sq = at::empty({b.size(), b.rows}, stack.options());
+      std::vector<at::Tensor> inputs, stats;
+      for (size_t j = 0; j < b.params.size(); ++j) {
         inputs.push_back(b.slice(stack, j));
         stats.push_back(b.slice(row_sq, j));
       }
       cuda::momentum_rows(momenta, grads, inputs, stats, b.cols, o.momentum, grad_weight, o.nesterov,
                           cuda::RowStat::SumSqOfOutput, keep_flag());
       stacks.push_back(stack);
-      if (o.ortho.split_sizes.empty()) norms.push_back(row_sq.sum(-1).sqrt_());  // [B]
+      // [B]: the order momentum_ns_input sums in, so both forms give the same bits.
+      if (o.ortho.split_sizes.empty()) norms.push_back(cuda::norms_from_row_sumsq(row_sq));
+      prepared.push_back(false);
     }
 
-    const OrthoOptions ortho = batch_ortho_options(o.ortho);
     std::vector<at::Tensor> outs(idx.size());
     // Muon without split_sizes: the NS result in its compute dtype is the direction (the update
     // kernel widens bf16/fp16 exactly, as the reference's cast to fp32 does, so the update is
@@ -1156,7 +1185,7 @@ class OptimizerImpl {
     // Without split_sizes every bank in one call: the Gram NS of banks with the same m (after
     // orientation) iterates as one batch (detail::orthogonalize_many_in_compute_dtype).
     std::vector<at::Tensor> ns;
-    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms);
+    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms, prepared);
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
       // Tall matrices may come back as transposed views and the update kernel reads D

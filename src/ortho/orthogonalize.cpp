@@ -164,11 +164,14 @@ struct NsShape {
   at::ScalarType compute;
 };
 
-NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
-  const bool tall = G3.size(1) > G3.size(2);
-  const int64_t m = tall ? G3.size(2) : G3.size(1), n = tall ? G3.size(1) : G3.size(2);
+NsShape ns_shape(int64_t rows, int64_t cols, const c10::Device& device, const OrthoOptions& opt) {
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
   const OrthoMethod method = resolve_method(m, n, opt);
-  return {tall, m, n, method, resolve_compute_dtype(opt, G3.device(), method)};
+  return {tall, m, n, method, resolve_compute_dtype(opt, device, method)};
+}
+NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
+  return ns_shape(G3.size(1), G3.size(2), G3.device(), opt);
 }
 
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
@@ -230,9 +233,12 @@ bool on_side_stream(double work) {
 // input is an independent chain of products; on a GPU with the kernels on, small chains run on
 // parallel streams (on_side_stream; each chain's operations are those it runs alone, so the
 // results are too).
+// prepared (empty, or one flag per batch): where set, G3s[i] is its NS input already, scaled and
+// in the compute dtype, as stored (detail::prepared_input_dtype), and norms[i] is not used.
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
                                               const Schedule& s, const std::vector<at::Tensor>& norms = {},
-                                              std::optional<at::ScalarType> result_dtype = std::nullopt) {
+                                              std::optional<at::ScalarType> result_dtype = std::nullopt,
+                                              const std::vector<bool>& prepared = {}) {
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   std::vector<size_t> standard;
@@ -271,6 +277,11 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   if (env_switch("ORTHOPT_NS_DIRECT_RESULT") == std::optional<bool>(false)) result_dtype.reset();
 #endif
   auto input = [&](size_t i) {
+    if (!prepared.empty() && prepared[i]) {
+      TORCH_CHECK(G3s[i].scalar_type() == compute[i] && G3s[i].is_contiguous() && (!tall[i] || own_layout[i]),
+                  "orthogonalize: prepared input ", i, " is not the NS input as stored in ", compute[i]);
+      return own_layout[i] ? G3s[i].transpose(1, 2) : G3s[i];
+    }
     return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
   };
   struct Chain {
@@ -309,7 +320,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     for (size_t k = 1; k < chains.size(); ++k)
       (on_side_stream(chains[k].work) ? parallel : on_caller).push_back(chains[k].run);
     std::vector<at::Tensor> inputs(G3s.begin(), G3s.end());
-    inputs.insert(inputs.end(), norms.begin(), norms.end());
+    for (const at::Tensor& n : norms)
+      if (n.defined()) inputs.push_back(n);
     cuda::run_on_parallel_streams(device, parallel, inputs, &X);
   } else
 #endif
@@ -516,14 +528,32 @@ at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const Ort
   return orthogonalize_one(G, opt, std::nullopt);
 }
 
+std::optional<at::ScalarType> detail::prepared_input_dtype(int64_t rows, int64_t cols, const OrthoOptions& opt,
+                                                           const at::Tensor& like) {
+#ifdef ORTHOPT_WITH_CUDA
+  if (!opt.split_sizes.empty() || !like.defined() || !like.is_cuda() || rows < 1 || cols < 1) return std::nullopt;
+  const NsShape shape = ns_shape(rows, cols, like.device(), opt);
+  if (shape.compute != at::kBFloat16 && shape.compute != at::kHalf) return std::nullopt;
+  if (!cuda::scale_cast_handles(like, shape.compute)) return std::nullopt;
+  const bool as_stored = !shape.tall || (shape.method == OrthoMethod::Gram && gram_in_own_layout(like, shape.compute, shape.m));
+  if (as_stored) return shape.compute;
+#else
+  (void)rows, (void)cols, (void)opt, (void)like;
+#endif
+  return std::nullopt;
+}
+
 std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
                                                                    const OrthoOptions& opt,
-                                                                   const std::vector<at::Tensor>& norms) {
+                                                                   const std::vector<at::Tensor>& norms,
+                                                                   const std::vector<bool>& prepared) {
   TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
               "before, or call orthogonalize per tensor)");
   for (const auto& G : Gs) validate_ortho_args(G, opt);
   TORCH_CHECK(norms.empty() || norms.size() == Gs.size(), "argument 'norms': expected none or ", Gs.size(),
               " tensors, got ", norms.size());
+  TORCH_CHECK(prepared.empty() || prepared.size() == Gs.size(), "argument 'prepared': expected none or ", Gs.size(),
+              " flags, got ", prepared.size());
   if (Gs.empty()) return {};
   std::vector<FiniteCheck> finite;
   for (const auto& G : Gs) finite.push_back(finite_check(G, opt));
@@ -534,13 +564,17 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
     const at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
     G3s.push_back(M.reshape({-1, M.size(-2), M.size(-1)}));
     if (norms.empty()) continue;
+    if (!prepared.empty() && prepared[i]) {
+      norm3s.emplace_back();
+      continue;
+    }
     const at::Tensor& n = norms[i];
     TORCH_CHECK(n.defined() && n.scalar_type() == at::kFloat && n.device() == G.device() &&
                     n.numel() == G3s.back().size(0),
                 "argument 'norms' [", i, "]: expected ", G3s.back().size(0), " fp32 norms on ", G.device());
     norm3s.push_back(n.reshape({-1, 1, 1}));
   }
-  auto out = orthogonalize_batches(G3s, opt, s, norm3s);
+  auto out = orthogonalize_batches(G3s, opt, s, norm3s, std::nullopt, prepared);
   for (const auto& f : finite) f.verify();
   for (size_t i = 0; i < Gs.size(); ++i) out[i] = out[i].reshape(Gs[i].sizes());
   return out;

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <vector>
 
 #include "orthopt/orthogonalize.h"
@@ -26,9 +27,21 @@ at::Tensor orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOption
 // norms (empty, or one per input): each input's per-matrix Frobenius norms [B] (fp32, on the
 // inputs' device), already known to the caller (the fused Muon step gets them from its momentum
 // pass), used instead of a reduction over the input; they agree with it up to summation order.
+// prepared (empty, or one flag per input): where set, Gs[i] is its NS input already, the
+// scaled input in the compute dtype as stored (prepared_input_dtype), and norms[i] is ignored.
 std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
                                                             const OrthoOptions& opt,
-                                                            const std::vector<at::Tensor>& norms = {});
+                                                            const std::vector<at::Tensor>& norms = {},
+                                                            const std::vector<bool>& prepared = {});
+
+// Where the NS input of matrices [rows, cols] on `like`'s device is the matrices as stored,
+// scaled (X / (‖X‖·safety + eps)) and rounded to a 16-bit compute dtype: wide or square ones,
+// and tall ones that Gram NS takes in their own layout on the GPU kernels' path (no
+// split_sizes). Returns that dtype, or nullopt (transposed input, fp32/fp64 compute, CPU, or
+// the kernels off): where a caller (the fused Muon step) may hand
+// orthogonalize_many_in_compute_dtype the input ready-made.
+std::optional<at::ScalarType> prepared_input_dtype(int64_t rows, int64_t cols, const OrthoOptions& opt,
+                                                   const at::Tensor& like);
 
 // X.to(dtype), on the GPU by the vectorized cast kernel: what orthogonalize() does last.
 at::Tensor cast_result(const at::Tensor& X, at::ScalarType dtype);

@@ -35,6 +35,7 @@
 
 #include "cuda/householder_cuda.h"
 #include "cuda/multi_tensor_cuda.h"
+#include "cuda/products_cuda.h"
 #include "gpu_test_util.h"
 #include "optim/update_math.h"
 #include "orthopt/cuda_graph.h"
@@ -609,6 +610,104 @@ TEST_F(GpuFused, BlockedHouseholderQrMatchesFloat64) {
   }
 }
 
+// orthopt_momentum_ns_input against the two-pass form it replaces, bit for bit: momentum_rows
+// into an fp32 stack with the rows' sums of squares, norms_from_row_sumsq, scale_cast. Random
+// momenta and gradients (fp32, and bf16 state), outputs poisoned with NaN first; shapes of one
+// round and of several (4 × 2048², 16.8 M elements, more than an H100's 132 blocks hold at once),
+// a launch split in two (130 matrices, more than one launch's pointer table), bf16 and fp16
+// inputs, Nesterov and not, the skipped step (momenta unchanged, zeros written).
+TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
+  namespace oc = orthopt::cuda;
+  struct Case {
+    int64_t batch, rows, cols;
+    at::ScalarType state, out;
+    bool nesterov;
+  };
+  const std::vector<Case> cases = {{3, 768, 768, at::kFloat, at::kBFloat16, true},
+                                   {5, 256, 1024, at::kFloat, at::kHalf, true},
+                                   {2, 1024, 256, at::kFloat, at::kHalf, false},
+                                   {4, 2048, 2048, at::kFloat, at::kBFloat16, true},
+                                   {130, 64, 96, at::kBFloat16, at::kHalf, true},
+                                   {1, 37, 12, at::kFloat, at::kBFloat16, true}};
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const double mu = 0.95, grad_weight = 0.05, safety = 1.02, eps = 1e-6;
+  auto gen = at::detail::createCPUGenerator(77);
+  for (const Case& c : cases) {
+    const std::string label = std::to_string(c.batch) + "x" + std::to_string(c.rows) + "x" + std::to_string(c.cols);
+    ASSERT_TRUE(oc::momentum_ns_input_handles(at::Device(at::kCUDA, 0), c.rows, c.cols)) << label;
+    const at::Tensor M0 = at::randn({c.batch, c.rows, c.cols}, gen).to(c.state).cuda();
+    const at::Tensor G = at::randn({c.batch, c.rows, c.cols}, gen).mul_(3.0).cuda();
+    for (const bool skip : {false, true}) {
+      const at::Tensor keep = at::full({}, !skip, cuda.dtype(at::kBool));
+      // The two-pass form.
+      const at::Tensor M_ref = M0.clone(), stack = at::empty({c.batch, c.rows, c.cols}, cuda);
+      const at::Tensor row_sq = at::empty({c.batch, c.rows}, cuda);
+      std::vector<at::Tensor> Ms, Gs, outs, stats;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        Ms.push_back(M_ref[b]);
+        Gs.push_back(G[b]);
+        outs.push_back(stack[b]);
+        stats.push_back(row_sq[b]);
+      }
+      oc::momentum_rows(Ms, Gs, outs, stats, c.cols, mu, grad_weight, c.nesterov, oc::RowStat::SumSqOfOutput, keep);
+      const at::Tensor norms = oc::norms_from_row_sumsq(row_sq);
+      const at::Tensor want = oc::scale_cast(stack, norms, safety, eps, c.out, /*transpose=*/false);
+      // One pass.
+      const at::Tensor M_one = M0.clone();
+      const at::Tensor got = at::full({c.batch, c.rows, c.cols}, NAN, cuda.dtype(c.out));
+      std::vector<at::Tensor> Ms1;
+      for (int64_t b = 0; b < c.batch; ++b) Ms1.push_back(M_one[b]);
+      oc::momentum_ns_input(Ms1, Gs, got, mu, grad_weight, c.nesterov, safety, eps, keep);
+      EXPECT_TRUE(at::equal(M_one, M_ref)) << label << (skip ? " skipped" : "") << ": momentum";
+      if (skip) {
+        EXPECT_TRUE(at::equal(M_one, M0)) << label << ": a skipped step wrote the momentum";
+        EXPECT_TRUE(at::equal(got, at::zeros_like(got))) << label << ": a skipped step writes zeros";
+        continue;
+      }
+      ASSERT_TRUE(at::isfinite(got).all().item<bool>()) << label << ": an output left unwritten (NaN poison)";
+      EXPECT_TRUE(at::equal(got, want)) << label << ": NS input differs from the two-pass form, max "
+                                        << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+      // And the input is what its definition says, within the 16-bit rounding: U / (‖U‖·s + eps).
+      const at::Tensor U = stack.to(at::kDouble);
+      const at::Tensor n64 = at::linalg_vector_norm(U, 2, at::IntArrayRef{1, 2}, true);
+      const at::Tensor x64 = U / (n64 * safety + eps);
+      const double ulp = c.out == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      EXPECT_LE((got.to(at::kDouble) - x64).abs().max().item<double>(), ulp * x64.abs().max().item<double>())
+          << label;
+    }
+  }
+}
+
+// Muon and NorMuon steps with the one-pass input (default) and with the two-pass form
+// (ORTHOPT_FUSED_NS_INPUT=0) stay bit-identical over several steps: banks it takes (square,
+// wide and 3-D stacks, tall banks Gram NS takes in their own layout, a bank of several rounds)
+// next to banks it does not (tall ones NS transposes; rows of 90 elements, not a multiple of 4).
+TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
+  std::vector<Spec> specs;
+  specs.push_back({Algorithm::Muon,
+                   {{768, 768}, {768, 768}, {3, 256, 1024}, {1024, 256}, {1024, 256}, {1536, 1280}, {60, 90},
+                    {3, 2048, 2048}},
+                   {},
+                   [](GroupOptions& o) { o.nesterov = true; }});
+  specs.push_back({Algorithm::Muon, {{512, 512}, {256, 768}}, {}, [](GroupOptions& o) {
+                     o.nesterov = false;
+                     o.momentum_style = orthopt::MomentumStyle::Ema;
+                     o.cautious_weight_decay = true;
+                   }});
+  specs.push_back({Algorithm::NorMuon, {{256, 512}, {2, 256, 512}, {512, 128}}, {}, nullptr});
+  Optimizer one(make_groups(specs, 31, false));
+  Optimizer two(make_groups(specs, 31, false));
+  for (int t = 0; t < 4; ++t) {
+    fill_grads({&one, &two}, 300 + t);
+    one.step();
+    setenv("ORTHOPT_FUSED_NS_INPUT", "0", 1);
+    two.step();
+    unsetenv("ORTHOPT_FUSED_NS_INPUT");
+    const std::string diff = first_mismatch(one, two);
+    ASSERT_EQ(diff, "") << "step " << t << ": one-pass and two-pass NS inputs differ at " << diff;
+  }
+}
+
 TEST_F(GpuFused, PredicateAndArgumentErrors) {
   using orthopt::cuda::multi_tensor_handles;
   const auto cuda = at::TensorOptions().device(at::kCUDA);
@@ -632,6 +731,20 @@ TEST_F(GpuFused, PredicateAndArgumentErrors) {
   EXPECT_NE(err.find("elements"), std::string::npos) << err;
   err = error_of([&] { orthopt::cuda::update({W}, {D}, {}, {1.0}, lr.to(at::kFloat), 0.0, false, at::Tensor()); });
   EXPECT_NE(err.find("'lr'"), std::string::npos) << err;
+  const at::Tensor M = at::ones({4, 8}, cuda);
+  err = error_of([&] { orthopt::cuda::momentum_ns_input({M}, {M}, at::empty({1, 4, 8}, cuda), 0.9, 1.0, true, 1.0, 1e-7, at::Tensor()); });
+  EXPECT_NE(err.find("'out'"), std::string::npos) << err;  // fp32: not an NS input dtype
+  err = error_of([&] {
+    orthopt::cuda::momentum_ns_input({M, M}, {M, M}, at::empty({1, 4, 8}, cuda.dtype(at::kBFloat16)), 0.9, 1.0, true,
+                                     1.0, 1e-7, at::Tensor());
+  });
+  EXPECT_NE(err.find("'momenta'"), std::string::npos) << err;
+  EXPECT_FALSE(orthopt::cuda::momentum_ns_input_handles(at::Device(at::kCUDA, 0), 4, 90));  // rows of 90: not whole vectors
+  EXPECT_FALSE(orthopt::cuda::momentum_ns_input_handles(at::Device(at::kCUDA, 0), 8192, 8192));  // beyond shared memory
+  {
+    KernelsOff off;
+    EXPECT_FALSE(orthopt::cuda::momentum_ns_input_handles(at::Device(at::kCUDA, 0), 64, 64));
+  }
 }
 
 }  // namespace
