@@ -17,6 +17,8 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "internal.h"
@@ -970,7 +972,7 @@ struct NsLaunch {
   int64_t blocks = 0;
   size_t smem_bytes = 0;  // dynamic, a multiple of 16
 };
-NsLaunch ns_launch() {
+NsLaunch query_ns_launch() {
   int dev = 0, coop = 0, sms = 0, optin = 0, per_sm = 0;
   cudaFuncAttributes attr{};
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) ||
@@ -989,6 +991,22 @@ NsLaunch ns_launch() {
     return {};
   }
   return {static_cast<int64_t>(sms) * per_sm, smem};
+}
+
+// query_ns_launch() of the current device, once per device (the attribute calls cost host time
+// at every step otherwise).
+NsLaunch ns_launch() {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static std::array<std::optional<NsLaunch>, kMaxDevices> known;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return query_ns_launch();
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!known[dev]) known[dev] = query_ns_launch();
+  return *known[dev];
 }
 
 // Matrices of one round: as many as the blocks' shared memory holds, spread evenly over the

@@ -1135,8 +1135,15 @@ class OptimizerImpl {
         momenta.push_back(state_of(g, b.params[j]).at("momentum"));
         grads.push_back(params[b.params[j]].grad());
       }
+      // One launch per bank: its momenta in one dtype, its gradients in one (mixed banks, e.g.
+      // bf16 and fp32 params of one shape, keep the two passes).
+      const auto one_dtype = [](const std::vector<at::Tensor>& ts) {
+        return std::all_of(ts.begin(), ts.end(),
+                           [&](const at::Tensor& t) { return t.scalar_type() == ts[0].scalar_type(); });
+      };
       const std::optional<at::ScalarType> ns_dtype = detail::prepared_input_dtype(b.rows, b.cols, ortho, momenta[0]);
-      if (ns_dtype && cuda::momentum_ns_input_handles(momenta[0].device(), b.rows, b.cols)) {
+      if (ns_dtype && one_dtype(momenta) && one_dtype(grads) &&
+          cuda::momentum_ns_input_handles(momenta[0].device(), b.rows, b.cols)) {
         const at::Tensor input = at::empty({b.size(), b.rows, b.cols}, momenta[0].options().dtype(*ns_dtype));
         std::vector<at::Tensor> matrix_momenta, matrix_grads;  // one per matrix: a param may hold several
         for (size_t j = 0; j < momenta.size(); ++j) {

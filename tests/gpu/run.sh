@@ -3,8 +3,8 @@
 # root:   ORTHOPT_BUILD_DIR=build-gpu tests/gpu/run.sh
 # Builds nothing: run scripts/build.sh first (docs/gpu.md gives the configure arguments).
 # Runs: ctest (which includes the gtest GPU suite: tests/gpu/test_gpu_{ortho,graph,fused}.cpp), the
-# Python GPU tests, the kernel-level fp64 check, and that check under compute-sanitizer
-# memcheck/racecheck.
+# Python GPU tests, the kernel-level fp64 check, and that check (and the one-pass momentum and
+# NS input's test) under compute-sanitizer memcheck/racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
@@ -41,6 +41,10 @@ if want sanitizer; then
             "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
         done
       fi
+      # The one-pass momentum and NS input (a cooperative kernel; its test holds its reference):
+      # only the library's kernels (orthopt_k::) are checked, not ATen's in the fp64 reference.
+      step compute-sanitizer --tool "$tool" --error-exitcode 3 --kernel-name kns=orthopt_k \
+        "$BUILD_DIR/tests/gpu/test_gpu_fused" --gtest_filter='*MomentumNsInput*'
     done
   else
     echo "!! compute-sanitizer not found"; status=1
