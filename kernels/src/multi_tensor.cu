@@ -17,10 +17,8 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <vector>
 
 #include "internal.h"
@@ -325,12 +323,13 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 // orthopt_scale_cast does. A block waits only for blocks of its own round, which all run, so
 // the waits end.
 
-// 16 warps of 16 loads per lane and role in flight: a warp holds a row, and a bank of 3072-wide
-// rows gives a block only 12–18 of them, so the loads in flight per warp, not the warps, carry
-// the bandwidth (the row's sums do not depend on either: a lane's columns stay in order).
-constexpr int kNsThreads = 512;
+// 32 warps of 8 loads per lane and role in flight. A bank of 3072-wide rows gives a block only
+// 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower on an H100 (the
+// kernel 0.625 against 0.541 ms a GPT-2 step; bench/results/2026-12-06-h100-one-pass-ns-input.md).
+// A row's sums do not depend on either: a lane's columns stay in order.
+constexpr int kNsThreads = 1024;
 constexpr int kNsWarps = kNsThreads / 32;
-constexpr int kNsIlp = 16;
+constexpr int kNsIlp = 8;
 constexpr int kNsMaxMats = 112;  // matrices per launch: their pointers travel in the arguments
 
 // The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
@@ -363,8 +362,6 @@ struct MomentumNsArgs {
   MomentumArgs momentum;  // out_dtype: the input's, bf16 or fp16
   int64_t rows, cols;
   int batch, mats_per_round;
-  int buffers;              // 1, or 2: round k − 1 written after round k's first half
-  int64_t buffer_floats;    // floats of shared memory per buffer (a multiple of 4)
   float safety, eps;
   float* row_sumsq;         // [batch·rows], written
   unsigned int* arrived;    // [batch], zero on entry
@@ -376,73 +373,27 @@ struct MomentumNsArgs {
 // ceil(a / b) for a >= 0, b > 0.
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Round k of a launch: its first matrix, its rows R = count·rows, and this block's rows
-// [r0, r1) of them (at least one, as the host keeps R >= G).
-struct NsRound {
-  int first;
-  int64_t round_rows, r0, r1;
-};
-__device__ __forceinline__ NsRound ns_round(const MomentumNsArgs& a, int k) {
-  const int first = k * a.mats_per_round;
-  const int64_t round_rows = static_cast<int64_t>(min(a.mats_per_round, a.batch - first)) * a.rows;
-  const int64_t blocks = gridDim.x;
-  return {first, round_rows, blockIdx.x * round_rows / blocks, (blockIdx.x + 1) * round_rows / blocks};
-}
-
-// The second half of a round for this block: for each matrix its rows touch, wait until every
-// block with rows of it has counted itself in, take its norm and write this block's rows of the
-// input (u: those rows in fp32, [r1 − r0, cols]).
-__device__ void ns_write_round(const MomentumNsArgs& a, const NsRound& rd, const float* u, float* red) {
-  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
-  const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
-  for (int q = mat_lo; q <= mat_hi; ++q) {
-    const int64_t qs = static_cast<int64_t>(q - rd.first) * rows, qe = qs + rows;  // its rows in the round
-    if (threadIdx.x == 0) {
-      // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1.
-      const unsigned want = static_cast<unsigned>(ceil_div(qe * blocks, rd.round_rows) -
-                                                  ceil_div((qs + 1) * blocks, rd.round_rows) + 1);
-      while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
-      __threadfence();
-    }
-    __syncthreads();
-    const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
-                                     a.safety, a.eps);
-    const int64_t lo = max(rd.r0, qs), hi = min(rd.r1, qe);
-    const float* src = u + (lo - rd.r0) * cols;
-    const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
-    const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
-    for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
-      const float4 x = *reinterpret_cast<const float4*>(src + i);
-      const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
-      store_pack(a.out, dst + i, dst + n, a.momentum.out_dtype, true, v);
-    }
-  }
-}
-
-// With two buffers (a.buffers == 2), a block writes round k − 1 after the first half of round
-// k: by then the blocks it waits for have counted themselves in long before, so the waits and
-// the slowest block of a round no longer stall the others, at half the rows per round.
 __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
-  extern __shared__ float4 smem_input[];  // a.buffers × this block's rows of the fp32 input
+  extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
   float* const u = reinterpret_cast<float*>(smem_input);
   __shared__ float red[kNsThreads];
   const MomentumArgs& p = a.momentum;
   const bool skip = skipped(p.keep);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t rows = a.rows, cols = a.cols;
-  const int rounds = (a.batch + a.mats_per_round - 1) / a.mats_per_round;
-  for (int k = 0; k < rounds; ++k) {
-    const NsRound rd = ns_round(a, k);
-    float* const buf = u + (k % a.buffers) * a.buffer_floats;
+  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
+  for (int first = 0; first < a.batch; first += a.mats_per_round) {
+    const int count = min(a.mats_per_round, a.batch - first);
+    const int64_t round_rows = static_cast<int64_t>(count) * rows;  // >= blocks (the host's grid)
+    const int64_t r0 = blockIdx.x * round_rows / blocks, r1 = (blockIdx.x + 1) * round_rows / blocks;
     // Momentum, the fp32 input into shared memory, each row's sum of squares (skipped step: no
     // momentum written, the input and its sums 0).
-    for (int64_t lr = warp; lr < rd.r1 - rd.r0; lr += kNsWarps) {
-      const int64_t gr = rd.r0 + lr;  // row in the round
-      const int mat = rd.first + static_cast<int>(gr / rows);
+    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
+      const int64_t gr = r0 + lr;  // row in the round
+      const int mat = first + static_cast<int>(gr / rows);
       const int64_t row_start = (gr % rows) * cols;
       void* M = a.momentum_ptr[mat];
       const void* G = a.grad_ptr[mat];
-      float* const urow = buf + lr * cols;
+      float* const urow = u + lr * cols;
       float sum = 0.0f;
       for (int64_t c0 = lane; c0 < cols; c0 += 32 * kNsIlp) {
         float m[kNsIlp], g[kNsIlp];
@@ -470,22 +421,39 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
-      if (lane == 0) a.row_sumsq[static_cast<int64_t>(rd.first) * rows + gr] = sum;
+      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;
     }
     __threadfence();  // the row sums, device-wide, before this block counts itself in
     __syncthreads();
+    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
     if (threadIdx.x == 0) {
-      const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
       for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
     }
-    if (a.buffers == 1) {
-      ns_write_round(a, rd, buf, red);
-    } else if (k > 0) {
-      ns_write_round(a, ns_round(a, k - 1), u + ((k - 1) % 2) * a.buffer_floats, red);
+    for (int q = mat_lo; q <= mat_hi; ++q) {
+      const int64_t qs = static_cast<int64_t>(q - first) * rows, qe = qs + rows;  // its rows in the round
+      if (threadIdx.x == 0) {
+        // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
+        // block has at least one row, as R >= G).
+        const unsigned want =
+            static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
+        while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+      const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
+                                       a.safety, a.eps);
+      const int64_t lo = max(r0, qs), hi = min(r1, qe);
+      const float* src = u + (lo - r0) * cols;
+      const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
+      const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
+      for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src + i);
+        const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
+        store_pack(a.out, dst + i, dst + n, p.out_dtype, true, v);
+      }
     }
-    __syncthreads();  // the buffer written next is free
+    __syncthreads();  // shared memory is refilled by the next round
   }
-  if (a.buffers == 2 && rounds > 0) ns_write_round(a, ns_round(a, rounds - 1), u + ((rounds - 1) % 2) * a.buffer_floats, red);
 }
 
 struct UpdateArgs {
@@ -1091,15 +1059,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
   const NsLaunch l = ns_launch();
   const int64_t grid = std::min(l.blocks, rows);
-  // ORTHOPT_NS_INPUT_BUFFERS=2: two buffers of half the shared memory (see the kernel), where a
-  // matrix fits half (A/B timings).
-  const char* env = std::getenv("ORTHOPT_NS_INPUT_BUFFERS");
-  const size_t half = l.smem_bytes / 2 / 16 * 16;
-  const bool two = env && std::string_view(env) == "2" && ns_mats_per_round(1, rows, cols, grid, half) >= 1;
-  const size_t buffer_bytes = two ? half : l.smem_bytes;
   MomentumNsArgs args{};
-  args.buffers = two ? 2 : 1;
-  args.buffer_floats = static_cast<int64_t>(buffer_bytes / sizeof(float));
   args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
   args.rows = rows;
   args.cols = cols;
@@ -1109,7 +1069,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   for (int64_t first = 0; first < batch; first += kNsMaxMats) {
     const int64_t n = std::min<int64_t>(kNsMaxMats, batch - first);
     args.batch = static_cast<int>(n);
-    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, buffer_bytes));
+    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, l.smem_bytes));
     args.row_sumsq = row_sumsq + first * rows;
     args.arrived = arrived + first;
     args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
