@@ -194,7 +194,7 @@ orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t co
                                          unsigned int* arrived, const uint8_t* keep, cudaStream_t stream);
 /* 1 when matrices [rows, cols] fit orthopt_momentum_ns_input on the current device: cols a
  * multiple of 4, the rows of one matrix within the blocks' shared memory (on an H100, 132 blocks
- * of 223 KiB: up to 7.4 M elements), cooperative launch; else 0. */
+ * of 223 KiB: about 7.5 M elements), cooperative launch; else 0. */
 int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols);
 /* norms[b] = √(Σ_r row_sumsq[b·rows + r]) in fp32, summed in orthopt_momentum_ns_input's fixed
  * order (deterministic): the norms of the two-pass form. One launch, graph-capturable. */
