@@ -279,7 +279,9 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   auto input = [&](size_t i) {
     if (!prepared.empty() && prepared[i]) {
       TORCH_CHECK(G3s[i].scalar_type() == compute[i] && G3s[i].is_contiguous() && (!tall[i] || own_layout[i]),
-                  "orthogonalize: prepared input ", i, " is not the NS input as stored in ", compute[i]);
+                  "argument 'prepared' [", i, "]: input ", i, " (", G3s[i].scalar_type(), ", shape ", G3s[i].sizes(),
+                  ") is not an NS input as stored: expected a contiguous ", compute[i],
+                  " batch that NS takes without transposing it");
       return own_layout[i] ? G3s[i].transpose(1, 2) : G3s[i];
     }
     return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);

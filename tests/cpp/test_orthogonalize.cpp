@@ -475,6 +475,39 @@ TEST_F(Orthogonalize, ManyTakesGivenNorms) {
       "norms");
 }
 
+// An input handed over ready-made (`prepared`: what the fused GPU step's momentum kernel
+// writes) is used as the NS input as is: the same input computed here as the reference path
+// computes it gives the same bits; flags of the wrong count, or a tall input (NS would
+// transpose it), are refused; on the CPU no caller is offered the ready-made form.
+TEST_F(Orthogonalize, ManyTakesPreparedInputs) {
+  const auto G = spread_batch(3, 24, 30).to(at::kFloat);   // standard NS
+  const auto G2 = spread_batch(2, 24, 96).to(at::kFloat);  // Gram
+  OrthoOptions o;
+  o.compute_dtype = at::kFloat;
+  const orthopt::Schedule s = orthopt::resolve_schedule(o);
+  const auto input = [&](const torch::Tensor& X) {
+    return X / (at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, true) * s.safety + s.eps);
+  };
+  const auto plain = orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o);
+  const auto prepared =
+      orthopt::detail::orthogonalize_many_in_compute_dtype({input(G), G2}, o, {}, std::vector<bool>{true, false});
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(torch::equal(plain[i], prepared[i])) << "input " << i << ": max |difference| "
+                                                     << max_abs_diff(plain[i], prepared[i]);
+  // Taken as is, not scaled again: NS from X/2 has not converged like NS from X.
+  const auto halved =
+      orthopt::detail::orthogonalize_many_in_compute_dtype({input(G) / 2, G2}, o, {}, std::vector<bool>{true, false});
+  EXPECT_GT(max_abs_diff(halved[0], plain[0]), 1e-3);
+  expect_error_naming(
+      [&] { orthopt::detail::orthogonalize_many_in_compute_dtype({G, G2}, o, {}, std::vector<bool>{true}); },
+      "prepared");
+  const auto tall = G.transpose(1, 2).contiguous();
+  expect_error_naming(
+      [&] { orthopt::detail::orthogonalize_many_in_compute_dtype({tall}, o, {}, std::vector<bool>{true}); },
+      "prepared");
+  EXPECT_FALSE(orthopt::detail::prepared_input_dtype(24, 30, OrthoOptions{}, G).has_value());
+}
+
 TEST_F(Orthogonalize, TallEqualsTransposeOfWide) {
   for (auto method : {OrthoMethod::Standard, OrthoMethod::Gram}) {
     auto W = spread_batch(2, 32, 96);
