@@ -371,7 +371,7 @@ struct MomentumNsArgs {
 };
 
 // ceil(a / b) for a >= 0, b > 0.
-__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
   extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
@@ -1019,19 +1019,19 @@ int64_t ns_mats_per_round(int64_t batch, int64_t rows, int64_t cols, int64_t gri
   const int64_t rows_per_block = static_cast<int64_t>(smem_bytes / sizeof(float)) / cols;
   const int64_t most = grid * rows_per_block / rows;
   if (most < 1) return 0;
-  const int64_t rounds = (batch + most - 1) / most;
-  return (batch + rounds - 1) / rounds;
+  return ceil_div(batch, ceil_div(batch, most));
+}
+
+// Whether matrices [rows, cols] fit a launch of shape l (orthopt_momentum_ns_input_fits).
+bool ns_fits(const NsLaunch& l, int64_t rows, int64_t cols) {
+  if (rows < 1 || cols < 4 || cols % 4 != 0 || rows > (int64_t(1) << 30) || cols > (int64_t(1) << 30)) return false;
+  return l.blocks > 0 && ns_mats_per_round(1, rows, cols, std::min(l.blocks, rows), l.smem_bytes) >= 1;
 }
 
 }  // namespace
 }  // namespace orthopt_k
 
-extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) {
-  if (rows < 1 || cols < 4 || cols % 4 != 0 || rows > (int64_t(1) << 30) || cols > (int64_t(1) << 30)) return 0;
-  const NsLaunch l = ns_launch();
-  if (l.blocks == 0) return 0;
-  return ns_mats_per_round(1, rows, cols, std::min(l.blocks, rows), l.smem_bytes) >= 1 ? 1 : 0;
-}
+extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) { return ns_fits(ns_launch(), rows, cols) ? 1 : 0; }
 
 extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t cols, void* const* momentum,
                                                     orthopt_dtype momentum_dtype, const void* const* grad,
@@ -1042,7 +1042,8 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   const char* fn = "orthopt_momentum_ns_input";
   if (batch < 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be >= 0, got %lld", fn, (long long)batch);
   if (batch == 0) return ORTHOPT_OK;
-  if (!orthopt_momentum_ns_input_fits(rows, cols))
+  const NsLaunch l = ns_launch();
+  if (!ns_fits(l, rows, cols))
     return fail(ORTHOPT_ERR_INVALID,
                 "%s: matrices [%lld, %lld] do not fit (cols a multiple of 4, one matrix within the blocks' shared "
                 "memory, cooperative launch): check orthopt_momentum_ns_input_fits first",
@@ -1057,7 +1058,6 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'out' must be a 16-byte aligned device pointer", fn);
   if (!row_sumsq || !arrived)
     return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
-  const NsLaunch l = ns_launch();
   const int64_t grid = std::min(l.blocks, rows);
   MomentumNsArgs args{};
   args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
