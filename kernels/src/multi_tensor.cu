@@ -315,21 +315,23 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 // until the norms of its matrices are known, so only the 16-bit input is written: one block per
 // multiprocessor, launched cooperatively (all resident at once), over rounds of whole matrices
 // that fit in the blocks' shared memory together. In a round, block j takes rows
-// [j·R/G, (j+1)·R/G) of the round's R rows (G blocks), one warp per row, with
-// momentum_rows_kernel's arithmetic and sums of squares (the same order, so the same bits); it
-// then counts itself in for each matrix it touched, waits until every block with rows of that
-// matrix has, takes the norm from the rows' sums (norm_from_row_sumsq, the order the two-pass
-// form's norms kernel uses) and writes its rows of the input scaled and rounded, as
-// orthopt_scale_cast does. A block waits only for blocks of its own round, which all run, so
-// the waits end.
+// [j·R/G, (j+1)·R/G) of the round's R rows (G blocks). All its threads walk those rows' elements
+// in packs (momentum_kernel's arithmetic, 16-byte loads), the fp32 input going to shared
+// memory; then one warp per row sums the squares from there in momentum_rows_kernel's order
+// (the same bits as the two-pass form). It then counts itself in for each matrix it touched,
+// waits until every block with rows of that matrix has, takes the norm from the rows' sums
+// (norm_from_row_sumsq, the order the two-pass form's norms kernel uses) and writes its rows of
+// the input scaled and rounded, as orthopt_scale_cast does. A block waits only for blocks of its
+// own round, which all run, so the waits end.
 
-// 32 warps of 8 loads per lane and role in flight. A bank of 3072-wide rows gives a block only
-// 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower on an H100 (the
-// kernel 0.625 against 0.541 ms a GPT-2 step; bench/results/2026-12-06-h100-one-pass-ns-input.md).
-// A row's sums do not depend on either: a lane's columns stay in order.
+// The loads: until the fortieth session one warp per row with 8 scalar loads per lane and role,
+// which left 14 of 32 warps idle on a bank of 3072-wide rows (12–18 rows a block) and ran at
+// ≈ 2.2 TB/s on an H100 (bench/results/2026-12-06-h100-one-pass-ns-input.md; 512 threads with
+// 16 loads each were slower still). Now every thread has kNsPacks packs per role in flight
+// whatever the row length, within the 64 registers a thread of a 1024-thread block may have.
 constexpr int kNsThreads = 1024;
 constexpr int kNsWarps = kNsThreads / 32;
-constexpr int kNsIlp = 8;
+constexpr int kNsPacks = 2;
 constexpr int kNsMaxMats = 112;  // matrices per launch: their pointers travel in the arguments
 
 // The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
@@ -385,47 +387,62 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
     const int count = min(a.mats_per_round, a.batch - first);
     const int64_t round_rows = static_cast<int64_t>(count) * rows;  // >= blocks (the host's grid)
     const int64_t r0 = blockIdx.x * round_rows / blocks, r1 = (blockIdx.x + 1) * round_rows / blocks;
-    // Momentum, the fp32 input into shared memory, each row's sum of squares (skipped step: no
-    // momentum written, the input and its sums 0).
-    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
-      const int64_t gr = r0 + lr;  // row in the round
-      const int mat = first + static_cast<int>(gr / rows);
-      const int64_t row_start = (gr % rows) * cols;
-      void* M = a.momentum_ptr[mat];
-      const void* G = a.grad_ptr[mat];
-      float* const urow = u + lr * cols;
-      float sum = 0.0f;
-      for (int64_t c0 = lane; c0 < cols; c0 += 32 * kNsIlp) {
-        float m[kNsIlp], g[kNsIlp];
+    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
+    // Momentum and the fp32 input into shared memory, all threads over this block's elements in
+    // packs of kVec (skipped step: no momentum written, the input 0). A block's rows of one
+    // matrix are contiguous in it, so this is a flat walk per matrix touched.
+    for (int q = mat_lo; q <= mat_hi; ++q) {
+      const int64_t qs = static_cast<int64_t>(q - first) * rows;  // its first row in the round
+      const int64_t lo = max(r0, qs), hi = min(r1, qs + rows);
+      const int64_t e0 = (lo - qs) * cols, n = (hi - lo) * cols;  // elements [e0, e0 + n) of matrix q
+      float* const dst = u + (lo - r0) * cols;
+      void* M = a.momentum_ptr[q];
+      const void* G = a.grad_ptr[q];
+      const bool vec = vec_aligned(M, p.momentum_dtype) && vec_aligned(G, p.grad_dtype);
+      for (int64_t i0 = static_cast<int64_t>(threadIdx.x) * kVec; i0 < n; i0 += kNsThreads * kVec * kNsPacks) {
+        Pack m[kNsPacks], g[kNsPacks];
+        if (!skip) {
 #pragma unroll
-        for (int r = 0; r < kNsIlp; ++r) {
-          const int64_t c = c0 + r * 32;
-          m[r] = c < cols && !skip ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
-          g[r] = c < cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
+          for (int r = 0; r < kNsPacks; ++r) {
+            const int64_t e = e0 + i0 + static_cast<int64_t>(r) * kNsThreads * kVec;
+            load_pack(M, e, e0 + n, p.momentum_dtype, vec, m[r]);
+            load_pack(G, e, e0 + n, p.grad_dtype, vec, g[r]);
+          }
         }
 #pragma unroll
-        for (int r = 0; r < kNsIlp; ++r) {
-          const int64_t c = c0 + r * 32;
-          if (c >= cols) continue;
-          if (skip) {
-            urow[c] = 0.0f;
-            continue;
+        for (int r = 0; r < kNsPacks; ++r) {
+          const int64_t i = i0 + static_cast<int64_t>(r) * kNsThreads * kVec;  // n and i are multiples of kVec
+          if (i >= n) continue;
+          float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (!skip) {
+            Pack out;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) {
+              float wg;
+              const float m_new = momentum_new(m[r][k], g[r][k], p.mu, p.grad_weight, &wg);
+              out[k] = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
+              m[r][k] = m_new;
+            }
+            store_pack(M, e0 + i, e0 + n, p.momentum_dtype, vec, m[r]);
+            o = make_float4(out[0], out[1], out[2], out[3]);
           }
-          float wg;
-          const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
-          store(M, row_start + c, p.momentum_dtype, m_new);
-          const float o = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
-          urow[c] = o;
-          sum = __fadd_rn(sum, __fmul_rn(o, o));
+          *reinterpret_cast<float4*>(dst + i) = o;
         }
       }
+    }
+    __syncthreads();
+    // Each row's sum of squares from shared memory, one warp per row in momentum_rows_kernel's
+    // order (lane l adds columns l, l + 32, ... in turn, then the butterfly): the same bits.
+    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
+      const float* const urow = u + lr * cols;
+      float sum = 0.0f;
+      for (int64_t c = lane; c < cols; c += 32) sum = __fadd_rn(sum, __fmul_rn(urow[c], urow[c]));
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
-      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;
+      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + r0 + lr] = sum;
     }
     __threadfence();  // the row sums, device-wide, before this block counts itself in
     __syncthreads();
-    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
     if (threadIdx.x == 0) {
       for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
     }

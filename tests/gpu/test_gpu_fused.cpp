@@ -612,31 +612,43 @@ TEST_F(GpuFused, BlockedHouseholderQrMatchesFloat64) {
 
 // orthopt_momentum_ns_input against the two-pass form it replaces, bit for bit: momentum_rows
 // into an fp32 stack with the rows' sums of squares, norms_from_row_sumsq, scale_cast. Random
-// momenta and gradients (fp32, and bf16 state), outputs poisoned with NaN first; shapes of one
-// round and of several (4 × 2048², 16.8 M elements, more than an H100's 132 blocks hold at once),
-// a launch split in two (130 matrices, more than one launch's pointer table), bf16 and fp16
-// inputs, Nesterov and not, the skipped step (momenta unchanged, zeros written).
+// momenta and gradients (fp32, and bf16 state; fp32, bf16 and fp16 gradients, some starting one
+// element past an aligned address so the kernel takes its element-by-element loads), outputs
+// poisoned with NaN first; shapes of one round and of several (4 × 2048², 16.8 M elements, more
+// than an H100's 132 blocks hold at once; GPT-2's 12 × 768×3072 bank), a launch split in two
+// (130 matrices, more than one launch's pointer table), bf16 and fp16 inputs, Nesterov and not,
+// the skipped step (momenta unchanged, zeros written).
 TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
   namespace oc = orthopt::cuda;
   struct Case {
     int64_t batch, rows, cols;
     at::ScalarType state, out;
     bool nesterov;
+    at::ScalarType grad;
+    bool offset_grad;  // the gradients one element past an aligned address
   };
-  const std::vector<Case> cases = {{3, 768, 768, at::kFloat, at::kBFloat16, true},
-                                   {5, 256, 1024, at::kFloat, at::kHalf, true},
-                                   {2, 1024, 256, at::kFloat, at::kHalf, false},
-                                   {4, 2048, 2048, at::kFloat, at::kBFloat16, true},
-                                   {130, 64, 96, at::kBFloat16, at::kHalf, true},
-                                   {1, 37, 12, at::kFloat, at::kBFloat16, true}};
+  const std::vector<Case> cases = {{3, 768, 768, at::kFloat, at::kBFloat16, true, at::kFloat, false},
+                                   {5, 256, 1024, at::kFloat, at::kHalf, true, at::kBFloat16, false},
+                                   {2, 1024, 256, at::kFloat, at::kHalf, false, at::kHalf, true},
+                                   {4, 2048, 2048, at::kFloat, at::kBFloat16, true, at::kFloat, true},
+                                   {12, 768, 3072, at::kFloat, at::kHalf, false, at::kFloat, false},
+                                   {130, 64, 96, at::kBFloat16, at::kHalf, true, at::kBFloat16, false},
+                                   {1, 37, 12, at::kFloat, at::kBFloat16, true, at::kFloat, true}};
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   const double mu = 0.95, grad_weight = 0.05, safety = 1.02, eps = 1e-6;
   auto gen = at::detail::createCPUGenerator(77);
   for (const Case& c : cases) {
-    const std::string label = std::to_string(c.batch) + "x" + std::to_string(c.rows) + "x" + std::to_string(c.cols);
+    const std::string label = std::to_string(c.batch) + "x" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+                              " grad " + c10::toString(c.grad) + (c.offset_grad ? " (offset)" : "");
     ASSERT_TRUE(oc::momentum_ns_input_handles(at::Device(at::kCUDA, 0), c.rows, c.cols)) << label;
     const at::Tensor M0 = at::randn({c.batch, c.rows, c.cols}, gen).to(c.state).cuda();
-    const at::Tensor G = at::randn({c.batch, c.rows, c.cols}, gen).mul_(3.0).cuda();
+    const int64_t numel = c.batch * c.rows * c.cols, offset = c.offset_grad ? 1 : 0;
+    const at::Tensor G = at::randn({numel + offset}, gen)
+                             .mul_(3.0)
+                             .to(c.grad)
+                             .cuda()
+                             .narrow(0, offset, numel)
+                             .view({c.batch, c.rows, c.cols});
     for (const bool skip : {false, true}) {
       const at::Tensor keep = at::full({}, !skip, cuda.dtype(at::kBool));
       // The two-pass form.
