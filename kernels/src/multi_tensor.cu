@@ -17,8 +17,10 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "internal.h"
@@ -364,6 +366,7 @@ struct MomentumNsArgs {
   MomentumArgs momentum;  // out_dtype: the input's, bf16 or fp16
   int64_t rows, cols;
   int batch, mats_per_round;
+  int64_t buffer_floats;    // floats of shared memory per buffer (a multiple of 4)
   float safety, eps;
   float* row_sumsq;         // [batch·rows], written
   unsigned int* arrived;    // [batch], zero on entry
@@ -375,102 +378,139 @@ struct MomentumNsArgs {
 // ceil(a / b) for a >= 0, b > 0.
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-__global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
-  extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
-  float* const u = reinterpret_cast<float*>(smem_input);
-  __shared__ float red[kNsThreads];
+// Round k of a launch: its first matrix, its rows R = count·rows, and this block's rows
+// [r0, r1) of them (at least one, as the host keeps R >= G).
+struct NsRound {
+  int first;
+  int64_t round_rows, r0, r1;
+};
+__device__ __forceinline__ NsRound ns_round(const MomentumNsArgs& a, int k) {
+  const int first = k * a.mats_per_round;
+  const int64_t round_rows = static_cast<int64_t>(min(a.mats_per_round, a.batch - first)) * a.rows;
+  const int64_t blocks = gridDim.x;
+  return {first, round_rows, blockIdx.x * round_rows / blocks, (blockIdx.x + 1) * round_rows / blocks};
+}
+
+// The first half of a round for this block: the momentum and the fp32 input of its rows into u,
+// all threads over the rows' elements in packs of kVec (skipped step: no momentum written, the
+// input 0; a block's rows of one matrix are contiguous in it), then each row's sum of squares
+// from u, one warp per row in momentum_rows_kernel's order (lane l adds columns l, l + 32, ... in
+// turn, then the butterfly: the same bits); then the block counts itself in for its matrices.
+__device__ __forceinline__ void ns_load_round(const MomentumNsArgs& a, const NsRound& rd, float* u, bool skip) {
   const MomentumArgs& p = a.momentum;
-  const bool skip = skipped(p.keep);
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
-  for (int first = 0; first < a.batch; first += a.mats_per_round) {
-    const int count = min(a.mats_per_round, a.batch - first);
-    const int64_t round_rows = static_cast<int64_t>(count) * rows;  // >= blocks (the host's grid)
-    const int64_t r0 = blockIdx.x * round_rows / blocks, r1 = (blockIdx.x + 1) * round_rows / blocks;
-    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
-    // Momentum and the fp32 input into shared memory, all threads over this block's elements in
-    // packs of kVec (skipped step: no momentum written, the input 0). A block's rows of one
-    // matrix are contiguous in it, so this is a flat walk per matrix touched.
-    for (int q = mat_lo; q <= mat_hi; ++q) {
-      const int64_t qs = static_cast<int64_t>(q - first) * rows;  // its first row in the round
-      const int64_t lo = max(r0, qs), hi = min(r1, qs + rows);
-      const int64_t e0 = (lo - qs) * cols, n = (hi - lo) * cols;  // elements [e0, e0 + n) of matrix q
-      float* const dst = u + (lo - r0) * cols;
-      void* M = a.momentum_ptr[q];
-      const void* G = a.grad_ptr[q];
-      const bool vec = vec_aligned(M, p.momentum_dtype) && vec_aligned(G, p.grad_dtype);
-      for (int64_t i0 = static_cast<int64_t>(threadIdx.x) * kVec; i0 < n; i0 += kNsThreads * kVec * kNsPacks) {
-        Pack m[kNsPacks], g[kNsPacks];
-        if (!skip) {
-#pragma unroll
-          for (int r = 0; r < kNsPacks; ++r) {
-            const int64_t e = e0 + i0 + static_cast<int64_t>(r) * kNsThreads * kVec;
-            load_pack(M, e, e0 + n, p.momentum_dtype, vec, m[r]);
-            load_pack(G, e, e0 + n, p.grad_dtype, vec, g[r]);
-          }
-        }
+  const int64_t rows = a.rows, cols = a.cols;
+  const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
+  for (int q = mat_lo; q <= mat_hi; ++q) {
+    const int64_t qs = static_cast<int64_t>(q - rd.first) * rows;  // its first row in the round
+    const int64_t lo = max(rd.r0, qs), hi = min(rd.r1, qs + rows);
+    const int64_t e0 = (lo - qs) * cols, n = (hi - lo) * cols;  // elements [e0, e0 + n) of matrix q
+    float* const dst = u + (lo - rd.r0) * cols;
+    void* M = a.momentum_ptr[q];
+    const void* G = a.grad_ptr[q];
+    const bool vec = vec_aligned(M, p.momentum_dtype) && vec_aligned(G, p.grad_dtype);
+    for (int64_t i0 = static_cast<int64_t>(threadIdx.x) * kVec; i0 < n; i0 += kNsThreads * kVec * kNsPacks) {
+      Pack m[kNsPacks], g[kNsPacks];
+      if (!skip) {
 #pragma unroll
         for (int r = 0; r < kNsPacks; ++r) {
-          const int64_t i = i0 + static_cast<int64_t>(r) * kNsThreads * kVec;  // n and i are multiples of kVec
-          if (i >= n) continue;
-          float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (!skip) {
-            Pack out;
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) {
-              float wg;
-              const float m_new = momentum_new(m[r][k], g[r][k], p.mu, p.grad_weight, &wg);
-              out[k] = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
-              m[r][k] = m_new;
-            }
-            store_pack(M, e0 + i, e0 + n, p.momentum_dtype, vec, m[r]);
-            o = make_float4(out[0], out[1], out[2], out[3]);
-          }
-          *reinterpret_cast<float4*>(dst + i) = o;
+          const int64_t e = e0 + i0 + static_cast<int64_t>(r) * kNsThreads * kVec;
+          load_pack(M, e, e0 + n, p.momentum_dtype, vec, m[r]);
+          load_pack(G, e, e0 + n, p.grad_dtype, vec, g[r]);
         }
       }
-    }
-    __syncthreads();
-    // Each row's sum of squares from shared memory, one warp per row in momentum_rows_kernel's
-    // order (lane l adds columns l, l + 32, ... in turn, then the butterfly): the same bits.
-    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
-      const float* const urow = u + lr * cols;
-      float sum = 0.0f;
-      for (int64_t c = lane; c < cols; c += 32) sum = __fadd_rn(sum, __fmul_rn(urow[c], urow[c]));
 #pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
-      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + r0 + lr] = sum;
-    }
-    __threadfence();  // the row sums, device-wide, before this block counts itself in
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
-    }
-    for (int q = mat_lo; q <= mat_hi; ++q) {
-      const int64_t qs = static_cast<int64_t>(q - first) * rows, qe = qs + rows;  // its rows in the round
-      if (threadIdx.x == 0) {
-        // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
-        // block has at least one row, as R >= G).
-        const unsigned want =
-            static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
-        while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
-        __threadfence();
-      }
-      __syncthreads();
-      const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
-                                       a.safety, a.eps);
-      const int64_t lo = max(r0, qs), hi = min(r1, qe);
-      const float* src = u + (lo - r0) * cols;
-      const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
-      const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
-      for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(src + i);
-        const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
-        store_pack(a.out, dst + i, dst + n, p.out_dtype, true, v);
+      for (int r = 0; r < kNsPacks; ++r) {
+        const int64_t i = i0 + static_cast<int64_t>(r) * kNsThreads * kVec;  // n and i are multiples of kVec
+        if (i >= n) continue;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (!skip) {
+          Pack out;
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            float wg;
+            const float m_new = momentum_new(m[r][k], g[r][k], p.mu, p.grad_weight, &wg);
+            out[k] = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
+            m[r][k] = m_new;
+          }
+          store_pack(M, e0 + i, e0 + n, p.momentum_dtype, vec, m[r]);
+          o = make_float4(out[0], out[1], out[2], out[3]);
+        }
+        *reinterpret_cast<float4*>(dst + i) = o;
       }
     }
-    __syncthreads();  // shared memory is refilled by the next round
   }
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  for (int64_t lr = warp; lr < rd.r1 - rd.r0; lr += kNsWarps) {
+    const float* const urow = u + lr * cols;
+    float sum = 0.0f;
+    for (int64_t c = lane; c < cols; c += 32) sum = __fadd_rn(sum, __fmul_rn(urow[c], urow[c]));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+    if (lane == 0) a.row_sumsq[static_cast<int64_t>(rd.first) * rows + rd.r0 + lr] = sum;
+  }
+  __threadfence();  // the row sums, device-wide, before this block counts itself in
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
+  }
+}
+
+// The second half of a round for this block: for each matrix its rows touch, wait until every
+// block with rows of it has counted itself in, take its norm and write this block's rows of the
+// input from u, scaled and rounded as orthopt_scale_cast does.
+__device__ __forceinline__ void ns_write_round(const MomentumNsArgs& a, const NsRound& rd, const float* u, float* red) {
+  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
+  const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
+  for (int q = mat_lo; q <= mat_hi; ++q) {
+    const int64_t qs = static_cast<int64_t>(q - rd.first) * rows, qe = qs + rows;  // its rows in the round
+    if (threadIdx.x == 0) {
+      // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
+      // block has at least one row, as R >= G).
+      const unsigned want = static_cast<unsigned>(ceil_div(qe * blocks, rd.round_rows) -
+                                                  ceil_div((qs + 1) * blocks, rd.round_rows) + 1);
+      while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
+      __threadfence();
+    }
+    __syncthreads();
+    const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
+                                     a.safety, a.eps);
+    const int64_t lo = max(rd.r0, qs), hi = min(rd.r1, qe);
+    const float* src = u + (lo - rd.r0) * cols;
+    const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
+    const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
+    for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
+      const float4 x = *reinterpret_cast<const float4*>(src + i);
+      const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
+      store_pack(a.out, dst + i, dst + n, a.momentum.out_dtype, true, v);
+    }
+  }
+}
+
+// With two buffers (kBuffers == 2), a block writes round k − 1 after the first half of round
+// k: by then the blocks it waits for have long counted themselves in, so a round's slowest block
+// no longer stalls the others, at half the rows per round. (A template parameter: a runtime
+// choice costs the one-buffer kernel register spills within a thread's 64 registers.)
+template <int kBuffers>
+__global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
+  extern __shared__ float4 smem_input[];  // kBuffers × this block's rows of the fp32 input
+  float* const u = reinterpret_cast<float*>(smem_input);
+  __shared__ float red[kNsThreads];
+  const bool skip = skipped(a.momentum.keep);
+  const int rounds = static_cast<int>(ceil_div(a.batch, a.mats_per_round));
+  for (int k = 0; k < rounds; ++k) {
+    const NsRound rd = ns_round(a, k);
+    float* const buf = u + (k % kBuffers) * a.buffer_floats;
+    ns_load_round(a, rd, buf, skip);
+    if (kBuffers == 1) {
+      ns_write_round(a, rd, buf, red);
+    } else if (k > 0) {
+      ns_write_round(a, ns_round(a, k - 1), u + ((k - 1) % 2) * a.buffer_floats, red);
+    }
+    __syncthreads();  // the buffer loaded next is free
+  }
+  if (kBuffers == 2 && rounds > 0)
+    ns_write_round(a, ns_round(a, rounds - 1), u + ((rounds - 1) % 2) * a.buffer_floats, red);
 }
 
 struct UpdateArgs {
@@ -999,14 +1039,16 @@ NsLaunch query_ns_launch() {
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, momentum_ns_input_kernel) || !coop || sms < 1) {
+      cudaFuncGetAttributes(&attr, momentum_ns_input_kernel<1>) || !coop || sms < 1) {
     (void)cudaGetLastError();
     return {};
   }
   const size_t smem = (static_cast<size_t>(optin) - attr.sharedSizeBytes) / 16 * 16;
-  if (cudaFuncSetAttribute(momentum_ns_input_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(momentum_ns_input_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, momentum_ns_input_kernel, kNsThreads, smem) ||
+      cudaFuncSetAttribute(momentum_ns_input_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, momentum_ns_input_kernel<1>, kNsThreads, smem) ||
       per_sm < 1) {
     (void)cudaGetLastError();
     return {};
@@ -1076,7 +1118,14 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   if (!row_sumsq || !arrived)
     return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
   const int64_t grid = std::min(l.blocks, rows);
+  // ORTHOPT_NS_INPUT_BUFFERS=2: two buffers of half the shared memory (see the kernel), where a
+  // matrix fits half (A/B timings).
+  const char* env = std::getenv("ORTHOPT_NS_INPUT_BUFFERS");
+  const size_t half = l.smem_bytes / 2 / 16 * 16;
+  const bool two = env && std::string_view(env) == "2" && ns_mats_per_round(1, rows, cols, grid, half) >= 1;
+  const size_t buffer_bytes = two ? half : l.smem_bytes;
   MomentumNsArgs args{};
+  args.buffer_floats = static_cast<int64_t>(buffer_bytes / sizeof(float));
   args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
   args.rows = rows;
   args.cols = cols;
@@ -1086,7 +1135,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   for (int64_t first = 0; first < batch; first += kNsMaxMats) {
     const int64_t n = std::min<int64_t>(kNsMaxMats, batch - first);
     args.batch = static_cast<int>(n);
-    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, l.smem_bytes));
+    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, buffer_bytes));
     args.row_sumsq = row_sumsq + first * rows;
     args.arrived = arrived + first;
     args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
@@ -1105,7 +1154,11 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel, args));
+    if (two) {
+      ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel<2>, args));
+    } else {
+      ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel<1>, args));
+    }
   }
   return ORTHOPT_OK;
 }
