@@ -17,10 +17,8 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <vector>
 
 #include "internal.h"
@@ -317,23 +315,24 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 // until the norms of its matrices are known, so only the 16-bit input is written: one block per
 // multiprocessor, launched cooperatively (all resident at once), over rounds of whole matrices
 // that fit in the blocks' shared memory together. In a round, block j takes rows
-// [j·R/G, (j+1)·R/G) of the round's R rows (G blocks). All its threads walk those rows' elements
-// in packs (momentum_kernel's arithmetic, 16-byte loads), the fp32 input going to shared
-// memory; then one warp per row sums the squares from there in momentum_rows_kernel's order
-// (the same bits as the two-pass form). It then counts itself in for each matrix it touched,
-// waits until every block with rows of that matrix has, takes the norm from the rows' sums
-// (norm_from_row_sumsq, the order the two-pass form's norms kernel uses) and writes its rows of
-// the input scaled and rounded, as orthopt_scale_cast does. A block waits only for blocks of its
-// own round, which all run, so the waits end.
+// [j·R/G, (j+1)·R/G) of the round's R rows (G blocks), one warp per row, with
+// momentum_rows_kernel's arithmetic and sums of squares (the same order, so the same bits); it
+// then counts itself in for each matrix it touched, waits until every block with rows of that
+// matrix has, takes the norm from the rows' sums (norm_from_row_sumsq, the order the two-pass
+// form's norms kernel uses) and writes its rows of the input scaled and rounded, as
+// orthopt_scale_cast does. A block waits only for blocks of its own round, which all run, so
+// the waits end.
 
-// The loads: until the fortieth session one warp per row with 8 scalar loads per lane and role,
-// which left 14 of 32 warps idle on a bank of 3072-wide rows (12–18 rows a block) and ran at
-// ≈ 2.2 TB/s on an H100 (bench/results/2026-12-06-h100-one-pass-ns-input.md; 512 threads with
-// 16 loads each were slower still). Now every thread has kNsPacks packs per role in flight
-// whatever the row length, within the 64 registers a thread of a 1024-thread block may have.
+// 32 warps of 8 loads per lane and role in flight. A bank of 3072-wide rows gives a block only
+// 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower on an H100 (the
+// kernel 0.625 against 0.541 ms a GPT-2 step; bench/results/2026-12-06-h100-one-pass-ns-input.md).
+// A row's sums do not depend on either: a lane's columns stay in order. Nor were the loads in
+// flight what holds it: every thread walking the block's elements in 16-byte packs (no idle
+// warps), the row sums then taken from shared memory, took the same time (0.542 ms; and two
+// buffers on top, 0.12 ms slower a step; bench/results/2026-12-06-h100-ns-input-flat-loads.md).
 constexpr int kNsThreads = 1024;
 constexpr int kNsWarps = kNsThreads / 32;
-constexpr int kNsPacks = 2;
+constexpr int kNsIlp = 8;
 constexpr int kNsMaxMats = 112;  // matrices per launch: their pointers travel in the arguments
 
 // The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
@@ -366,7 +365,6 @@ struct MomentumNsArgs {
   MomentumArgs momentum;  // out_dtype: the input's, bf16 or fp16
   int64_t rows, cols;
   int batch, mats_per_round;
-  int64_t buffer_floats;    // floats of shared memory per buffer (a multiple of 4)
   float safety, eps;
   float* row_sumsq;         // [batch·rows], written
   unsigned int* arrived;    // [batch], zero on entry
@@ -378,139 +376,87 @@ struct MomentumNsArgs {
 // ceil(a / b) for a >= 0, b > 0.
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Round k of a launch: its first matrix, its rows R = count·rows, and this block's rows
-// [r0, r1) of them (at least one, as the host keeps R >= G).
-struct NsRound {
-  int first;
-  int64_t round_rows, r0, r1;
-};
-__device__ __forceinline__ NsRound ns_round(const MomentumNsArgs& a, int k) {
-  const int first = k * a.mats_per_round;
-  const int64_t round_rows = static_cast<int64_t>(min(a.mats_per_round, a.batch - first)) * a.rows;
-  const int64_t blocks = gridDim.x;
-  return {first, round_rows, blockIdx.x * round_rows / blocks, (blockIdx.x + 1) * round_rows / blocks};
-}
-
-// The first half of a round for this block: the momentum and the fp32 input of its rows into u,
-// all threads over the rows' elements in packs of kVec (skipped step: no momentum written, the
-// input 0; a block's rows of one matrix are contiguous in it), then each row's sum of squares
-// from u, one warp per row in momentum_rows_kernel's order (lane l adds columns l, l + 32, ... in
-// turn, then the butterfly: the same bits); then the block counts itself in for its matrices.
-__device__ __forceinline__ void ns_load_round(const MomentumNsArgs& a, const NsRound& rd, float* u, bool skip) {
-  const MomentumArgs& p = a.momentum;
-  const int64_t rows = a.rows, cols = a.cols;
-  const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
-  for (int q = mat_lo; q <= mat_hi; ++q) {
-    const int64_t qs = static_cast<int64_t>(q - rd.first) * rows;  // its first row in the round
-    const int64_t lo = max(rd.r0, qs), hi = min(rd.r1, qs + rows);
-    const int64_t e0 = (lo - qs) * cols, n = (hi - lo) * cols;  // elements [e0, e0 + n) of matrix q
-    float* const dst = u + (lo - rd.r0) * cols;
-    void* M = a.momentum_ptr[q];
-    const void* G = a.grad_ptr[q];
-    const bool vec = vec_aligned(M, p.momentum_dtype) && vec_aligned(G, p.grad_dtype);
-    for (int64_t i0 = static_cast<int64_t>(threadIdx.x) * kVec; i0 < n; i0 += kNsThreads * kVec * kNsPacks) {
-      Pack m[kNsPacks], g[kNsPacks];
-      if (!skip) {
-#pragma unroll
-        for (int r = 0; r < kNsPacks; ++r) {
-          const int64_t e = e0 + i0 + static_cast<int64_t>(r) * kNsThreads * kVec;
-          load_pack(M, e, e0 + n, p.momentum_dtype, vec, m[r]);
-          load_pack(G, e, e0 + n, p.grad_dtype, vec, g[r]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kNsPacks; ++r) {
-        const int64_t i = i0 + static_cast<int64_t>(r) * kNsThreads * kVec;  // n and i are multiples of kVec
-        if (i >= n) continue;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (!skip) {
-          Pack out;
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            float wg;
-            const float m_new = momentum_new(m[r][k], g[r][k], p.mu, p.grad_weight, &wg);
-            out[k] = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
-            m[r][k] = m_new;
-          }
-          store_pack(M, e0 + i, e0 + n, p.momentum_dtype, vec, m[r]);
-          o = make_float4(out[0], out[1], out[2], out[3]);
-        }
-        *reinterpret_cast<float4*>(dst + i) = o;
-      }
-    }
-  }
-  __syncthreads();
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  for (int64_t lr = warp; lr < rd.r1 - rd.r0; lr += kNsWarps) {
-    const float* const urow = u + lr * cols;
-    float sum = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) sum = __fadd_rn(sum, __fmul_rn(urow[c], urow[c]));
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
-    if (lane == 0) a.row_sumsq[static_cast<int64_t>(rd.first) * rows + rd.r0 + lr] = sum;
-  }
-  __threadfence();  // the row sums, device-wide, before this block counts itself in
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
-  }
-}
-
-// The second half of a round for this block: for each matrix its rows touch, wait until every
-// block with rows of it has counted itself in, take its norm and write this block's rows of the
-// input from u, scaled and rounded as orthopt_scale_cast does.
-__device__ __forceinline__ void ns_write_round(const MomentumNsArgs& a, const NsRound& rd, const float* u, float* red) {
-  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
-  const int mat_lo = rd.first + static_cast<int>(rd.r0 / rows), mat_hi = rd.first + static_cast<int>((rd.r1 - 1) / rows);
-  for (int q = mat_lo; q <= mat_hi; ++q) {
-    const int64_t qs = static_cast<int64_t>(q - rd.first) * rows, qe = qs + rows;  // its rows in the round
-    if (threadIdx.x == 0) {
-      // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
-      // block has at least one row, as R >= G).
-      const unsigned want = static_cast<unsigned>(ceil_div(qe * blocks, rd.round_rows) -
-                                                  ceil_div((qs + 1) * blocks, rd.round_rows) + 1);
-      while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
-      __threadfence();
-    }
-    __syncthreads();
-    const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
-                                     a.safety, a.eps);
-    const int64_t lo = max(rd.r0, qs), hi = min(rd.r1, qe);
-    const float* src = u + (lo - rd.r0) * cols;
-    const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
-    const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
-    for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
-      const float4 x = *reinterpret_cast<const float4*>(src + i);
-      const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
-      store_pack(a.out, dst + i, dst + n, a.momentum.out_dtype, true, v);
-    }
-  }
-}
-
-// With two buffers (kBuffers == 2), a block writes round k − 1 after the first half of round
-// k: by then the blocks it waits for have long counted themselves in, so a round's slowest block
-// no longer stalls the others, at half the rows per round. (A template parameter: a runtime
-// choice costs the one-buffer kernel register spills within a thread's 64 registers.)
-template <int kBuffers>
 __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
-  extern __shared__ float4 smem_input[];  // kBuffers × this block's rows of the fp32 input
+  extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
   float* const u = reinterpret_cast<float*>(smem_input);
   __shared__ float red[kNsThreads];
-  const bool skip = skipped(a.momentum.keep);
-  const int rounds = static_cast<int>(ceil_div(a.batch, a.mats_per_round));
-  for (int k = 0; k < rounds; ++k) {
-    const NsRound rd = ns_round(a, k);
-    float* const buf = u + (k % kBuffers) * a.buffer_floats;
-    ns_load_round(a, rd, buf, skip);
-    if (kBuffers == 1) {
-      ns_write_round(a, rd, buf, red);
-    } else if (k > 0) {
-      ns_write_round(a, ns_round(a, k - 1), u + ((k - 1) % 2) * a.buffer_floats, red);
+  const MomentumArgs& p = a.momentum;
+  const bool skip = skipped(p.keep);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t rows = a.rows, cols = a.cols, blocks = gridDim.x;
+  for (int first = 0; first < a.batch; first += a.mats_per_round) {
+    const int count = min(a.mats_per_round, a.batch - first);
+    const int64_t round_rows = static_cast<int64_t>(count) * rows;  // >= blocks (the host's grid)
+    const int64_t r0 = blockIdx.x * round_rows / blocks, r1 = (blockIdx.x + 1) * round_rows / blocks;
+    // Momentum, the fp32 input into shared memory, each row's sum of squares (skipped step: no
+    // momentum written, the input and its sums 0).
+    for (int64_t lr = warp; lr < r1 - r0; lr += kNsWarps) {
+      const int64_t gr = r0 + lr;  // row in the round
+      const int mat = first + static_cast<int>(gr / rows);
+      const int64_t row_start = (gr % rows) * cols;
+      void* M = a.momentum_ptr[mat];
+      const void* G = a.grad_ptr[mat];
+      float* const urow = u + lr * cols;
+      float sum = 0.0f;
+      for (int64_t c0 = lane; c0 < cols; c0 += 32 * kNsIlp) {
+        float m[kNsIlp], g[kNsIlp];
+#pragma unroll
+        for (int r = 0; r < kNsIlp; ++r) {
+          const int64_t c = c0 + r * 32;
+          m[r] = c < cols && !skip ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
+          g[r] = c < cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < kNsIlp; ++r) {
+          const int64_t c = c0 + r * 32;
+          if (c >= cols) continue;
+          if (skip) {
+            urow[c] = 0.0f;
+            continue;
+          }
+          float wg;
+          const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
+          store(M, row_start + c, p.momentum_dtype, m_new);
+          const float o = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
+          urow[c] = o;
+          sum = __fadd_rn(sum, __fmul_rn(o, o));
+        }
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+      if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;
     }
-    __syncthreads();  // the buffer loaded next is free
+    __threadfence();  // the row sums, device-wide, before this block counts itself in
+    __syncthreads();
+    const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
+    if (threadIdx.x == 0) {
+      for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
+    }
+    for (int q = mat_lo; q <= mat_hi; ++q) {
+      const int64_t qs = static_cast<int64_t>(q - first) * rows, qe = qs + rows;  // its rows in the round
+      if (threadIdx.x == 0) {
+        // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
+        // block has at least one row, as R >= G).
+        const unsigned want =
+            static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
+        while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+      const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
+                                       a.safety, a.eps);
+      const int64_t lo = max(r0, qs), hi = min(r1, qe);
+      const float* src = u + (lo - r0) * cols;
+      const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
+      const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
+      for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src + i);
+        const Pack v = {__fdiv_rn(x.x, d), __fdiv_rn(x.y, d), __fdiv_rn(x.z, d), __fdiv_rn(x.w, d)};
+        store_pack(a.out, dst + i, dst + n, p.out_dtype, true, v);
+      }
+    }
+    __syncthreads();  // shared memory is refilled by the next round
   }
-  if (kBuffers == 2 && rounds > 0)
-    ns_write_round(a, ns_round(a, rounds - 1), u + ((rounds - 1) % 2) * a.buffer_floats, red);
 }
 
 struct UpdateArgs {
@@ -1039,16 +985,14 @@ NsLaunch query_ns_launch() {
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, momentum_ns_input_kernel<1>) || !coop || sms < 1) {
+      cudaFuncGetAttributes(&attr, momentum_ns_input_kernel) || !coop || sms < 1) {
     (void)cudaGetLastError();
     return {};
   }
   const size_t smem = (static_cast<size_t>(optin) - attr.sharedSizeBytes) / 16 * 16;
-  if (cudaFuncSetAttribute(momentum_ns_input_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(momentum_ns_input_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) ||
-      cudaFuncSetAttribute(momentum_ns_input_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, momentum_ns_input_kernel<1>, kNsThreads, smem) ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, momentum_ns_input_kernel, kNsThreads, smem) ||
       per_sm < 1) {
     (void)cudaGetLastError();
     return {};
@@ -1118,14 +1062,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   if (!row_sumsq || !arrived)
     return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
   const int64_t grid = std::min(l.blocks, rows);
-  // ORTHOPT_NS_INPUT_BUFFERS=2: two buffers of half the shared memory (see the kernel), where a
-  // matrix fits half (A/B timings).
-  const char* env = std::getenv("ORTHOPT_NS_INPUT_BUFFERS");
-  const size_t half = l.smem_bytes / 2 / 16 * 16;
-  const bool two = env && std::string_view(env) == "2" && ns_mats_per_round(1, rows, cols, grid, half) >= 1;
-  const size_t buffer_bytes = two ? half : l.smem_bytes;
   MomentumNsArgs args{};
-  args.buffer_floats = static_cast<int64_t>(buffer_bytes / sizeof(float));
   args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
   args.rows = rows;
   args.cols = cols;
@@ -1135,7 +1072,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
   for (int64_t first = 0; first < batch; first += kNsMaxMats) {
     const int64_t n = std::min<int64_t>(kNsMaxMats, batch - first);
     args.batch = static_cast<int>(n);
-    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, buffer_bytes));
+    args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, l.smem_bytes));
     args.row_sumsq = row_sumsq + first * rows;
     args.arrived = arrived + first;
     args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
@@ -1154,11 +1091,7 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (two) {
-      ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel<2>, args));
-    } else {
-      ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel<1>, args));
-    }
+    ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&cfg, momentum_ns_input_kernel, args));
   }
   return ORTHOPT_OK;
 }
