@@ -327,9 +327,12 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 // 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower on an H100 (the
 // kernel 0.625 against 0.541 ms a GPT-2 step; bench/results/2026-12-06-h100-one-pass-ns-input.md).
 // A row's sums do not depend on either: a lane's columns stay in order. Nor were the loads in
-// flight what holds it: every thread walking the block's elements in 16-byte packs (no idle
-// warps), the row sums then taken from shared memory, took the same time (0.542 ms; and two
-// buffers on top, 0.12 ms slower a step; bench/results/2026-12-06-h100-ns-input-flat-loads.md).
+// flight what holds it, nor the phase's mix of reads and writes: every thread walking the
+// block's elements in 16-byte packs (0.542 ms; two buffers on top, 0.12 ms slower a step), the
+// fp32 momentum by bulk copies into shared memory (0.556), one fence per block instead of one
+// per thread (0.541), and the momentum stored in the write phase where the input is M_new
+// (0.563) all failed to beat this form (0.538;
+// bench/results/2026-12-06-h100-ns-input-flat-loads.md).
 constexpr int kNsThreads = 1024;
 constexpr int kNsWarps = kNsThreads / 32;
 constexpr int kNsIlp = 8;
