@@ -613,7 +613,7 @@ TEST_F(GpuFused, BlockedHouseholderQrMatchesFloat64) {
 // orthopt_momentum_ns_input against the two-pass form it replaces, bit for bit: momentum_rows
 // into an fp32 stack with the rows' sums of squares, norms_from_row_sumsq, scale_cast. Random
 // momenta and gradients (fp32, and bf16 state; fp32, bf16 and fp16 gradients, some starting one
-// element past an aligned address so the kernel takes its element-by-element loads), outputs
+// element past an aligned address, which a kernel with vector loads must handle), outputs
 // poisoned with NaN first; shapes of one round and of several (4 × 2048², 16.8 M elements, more
 // than an H100's 132 blocks hold at once; GPT-2's 12 × 768×3072 bank), a launch split in two
 // (130 matrices, more than one launch's pointer table), bf16 and fp16 inputs, Nesterov and not,
