@@ -4,10 +4,10 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
 #include <map>
-#include <string_view>
+#include <optional>
 
+#include "core/env_switch.h"
 #include "orthopt/runtime.h"
 #include "orthopt_kernels.h"
 
@@ -201,8 +201,9 @@ at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq) {
 }
 
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols) {
-  const char* env = std::getenv("ORTHOPT_FUSED_NS_INPUT");
-  if ((env && std::string_view(env) == "0") || !device.is_cuda() || !gpu_kernels_enabled()) return false;
+  if (env_switch("ORTHOPT_FUSED_NS_INPUT") == std::optional<bool>(false) || !device.is_cuda() ||
+      !gpu_kernels_enabled())
+    return false;
   const c10::cuda::CUDAGuard guard(device);
   return orthopt_momentum_ns_input_fits(rows, cols) == 1;
 }

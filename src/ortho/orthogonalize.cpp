@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
 
+#include "core/env_switch.h"
 #include "ortho/orthogonalize_detail.h"
 #include "ortho/products.h"
 
@@ -121,17 +120,6 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
 // CUDA kernels only (the reference path transposes). ORTHOPT_GRAM_OWN_LAYOUT=0|1 forces it off
 // or on (A/B timings).
 constexpr int64_t kOwnLayoutMaxM = 1024;
-
-#ifdef ORTHOPT_WITH_CUDA
-// An A/B switch in the environment, read at each call (tests flip it in one process): "0" off,
-// "1" on, anything else (or unset) leaves the measured rule in charge.
-std::optional<bool> env_switch(const char* name) {
-  const char* env = std::getenv(name);
-  if (env && std::strcmp(env, "0") == 0) return false;
-  if (env && std::strcmp(env, "1") == 0) return true;
-  return std::nullopt;
-}
-#endif
 
 bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m) {
 #ifdef ORTHOPT_WITH_CUDA
