@@ -11,12 +11,19 @@ its own, same shapes): the two steps timed round-robin, then the graph's replays
 broken down like the eager step (the profiler reports the kernels inside a replay where the
 CUDA driver's activity records carry them), so that a graph slower than its eager step can be
 told apart as slower kernels (clock, memory placement) or as less overlap between them.
+--trace[=DIR] also prints one step's kernels in the order they started (start and duration in
+us, stream, grid, and for the eager step the product they belong to: orthopt::gemm and
+orthopt::sym_abt name themselves in profiles, with their operands' shapes), for the eager step
+and, with --graph, for a replay; DIR keeps the profiler's chrome traces.
 --host also prints where the host's time goes: the host time to enqueue one step (from an idle
 GPU, through the Python front end and through the C++ optimizer directly), and the host-side
 operations (ATen ops, CUDA runtime calls) by self CPU time; an eager step whose enqueue takes
 longer than its kernels is host-bound, and a synchronizing call shows up here."""
 import collections
+import json
+import os
 import statistics
+import tempfile
 import sys
 import time
 
@@ -93,6 +100,50 @@ def print_timeline(prof, unit, runs, profiled_ms):
         print(f"    idle {gap:8.1f} us between {before[:50]} and {after[:50]}")
 
 
+def print_trace(fn, title, keep_dir=None):
+    """One call of fn (after 3 warm-ups) profiled with the operands' shapes: its kernels in start
+    order, each with the innermost orthopt:: operation that launched it (eager only: a graph
+    replay's kernels have no host-side parent)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    path = os.path.join(keep_dir or tempfile.mkdtemp(), title.replace(" ", "_").replace(":", "") + ".json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    ops = collections.defaultdict(list)  # tid -> orthopt ops (ts, end, name, dims)
+    launch_at = {}  # correlation id -> (tid, ts) of the launching runtime/driver call
+    kernels = []
+    for e in events:
+        cat, args = e.get("cat", ""), e.get("args", {})
+        if cat == "cpu_op" and e["name"].startswith("orthopt::"):
+            ops[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"], args.get("Input Dims", "")))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launch_at[args["correlation"]] = (e["tid"], e["ts"])
+        elif cat == "kernel":
+            kernels.append(e)
+    kernels.sort(key=lambda e: e["ts"])
+    if not kernels:
+        return
+    t0 = kernels[0]["ts"]
+    print(f"\n## {title}: trace of one step ({len(kernels)} kernels; start, duration in us)", flush=True)
+    for e in kernels:
+        args = e.get("args", {})
+        owner = ""
+        tid, ts = launch_at.get(args.get("correlation"), (None, None))
+        if tid is not None:
+            inner = [o for o in ops.get(tid, []) if o[0] <= ts <= o[1]]
+            if inner:
+                o = max(inner, key=lambda o: o[0])
+                owner = f"{o[2]}{o[3]}"
+        grid = "x".join(str(g) for g in args.get("grid", []))
+        print(f"  {e['ts'] - t0:9.1f} {e['dur']:8.1f} s{args.get('stream', '?'):<3} {grid:>12} "
+              f"{owner:<58} {e['name'][:70]}")
+
+
 def host_ms(fn, repeats=10):
     """Median host time of fn() started on an idle GPU, without waiting for its kernels."""
     times = []
@@ -160,6 +211,8 @@ def main():
     algos = flags.get("algos", "muon,normuon,dion3").split(",")
     top = int(flags.get("top", "14"))
     host = "--host" in sys.argv[1:]
+    trace = "--trace" in sys.argv[1:] or "trace" in flags
+    trace_dir = flags.get("trace")
     graph = "--graph" in sys.argv[1:]
     dion_qr = flags.get("dion-qr", "householder")
     # torch's TF32 switch for fp32 cuBLAS products (Dion's four products), as a user would set it.
@@ -177,8 +230,12 @@ def main():
                 print(f"\n## {name} {algo}: eager {eager_ms:.3f} ms, graph {graph_ms:.3f} ms "
                       f"(CUDA events, round-robin, median of 15); graph / eager {graph_ms / eager_ms:.3f}", flush=True)
             print_breakdown(opt.step, f"{name} {algo}: step", "step", top)
+            if trace:
+                print_trace(opt.step, f"{name} {algo}: step", trace_dir)
             if graph:
                 print_breakdown(g.step, f"{name} {algo}: graph replay", "step", top)
+                if trace:
+                    print_trace(g.step, f"{name} {algo}: graph replay", trace_dir)
                 del g, g_mats, g_others
             if host:
                 print_host(opt, f"{name} {algo}: step", top)

@@ -4,7 +4,10 @@
 // heuristic choice was measured 17% slower than the legacy cuBLAS call at 8192³
 // (bench/results/2026-11-29-h100-sym-products.md), so the first call of each shape times the top
 // candidates on its own operands, round-robin, and keeps the fastest.
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -63,6 +66,41 @@ orthopt_status operand_layout(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttribu
   const cublasOperation_t t = CUBLAS_OP_T;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, trans, &t, sizeof(t)));
   return make_layout(out, type, cols, rows, cols, batch, stride);
+}
+
+// One line on stderr per timed candidate (ORTHOPT_GEMM_TUNING_LOG=1): which cuBLASLt
+// configuration the tuning saw for a shape, its best time and whether it was kept. A diagnostic
+// for profiles: nvjet kernel names do not say which product they serve or why.
+void log_candidate(int64_t batch, int64_t m, int64_t n, int64_t k, bool a_t, bool x_t, bool with_c, size_t index,
+                   const cublasLtMatmulAlgo_t& algo, float best_ms, bool chosen) {
+  const struct {
+    const char* name;
+    cublasLtMatmulAlgoConfigAttributes_t attr;
+  } fields[] = {{"id", CUBLASLT_ALGO_CONFIG_ID},
+                {"tile", CUBLASLT_ALGO_CONFIG_TILE_ID},
+                {"splitk", CUBLASLT_ALGO_CONFIG_SPLITK_NUM},
+                {"reduction", CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME},
+                {"swizzle", CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING},
+                {"custom", CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION},
+                {"stages", CUBLASLT_ALGO_CONFIG_STAGES_ID},
+                {"inner", CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID},
+                {"cluster", CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID}};
+  std::string line = "orthopt_gemm tuning " + std::to_string(batch) + "x" + std::to_string(m) + "x" +
+                     std::to_string(n) + "x" + std::to_string(k) + (a_t ? " A^T" : "") + (x_t ? " X^T" : "") +
+                     (with_c ? " +beta*C" : "") + ": candidate " + std::to_string(index);
+  for (const auto& f : fields) {
+    // The attributes are 32- or 16-bit: try both sizes.
+    uint32_t v32 = 0;
+    uint16_t v16 = 0;
+    size_t written = 0;
+    std::string value = "?";
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, f.attr, &v32, sizeof(v32), &written) == CUBLAS_STATUS_SUCCESS)
+      value = std::to_string(v32);
+    else if (cublasLtMatmulAlgoConfigGetAttribute(&algo, f.attr, &v16, sizeof(v16), &written) == CUBLAS_STATUS_SUCCESS)
+      value = std::to_string(v16);
+    line += std::string(" ") + f.name + " " + value;
+  }
+  std::fprintf(stderr, "%s, best %.4f ms%s\n", line.c_str(), best_ms, chosen ? " (kept)" : "");
 }
 
 orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
@@ -158,6 +196,10 @@ orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t b
       for (size_t u = 1; u < usable.size(); ++u)
         if (best[u] < best[fastest]) fastest = u;
       if (!usable.empty()) plan->algo = plan->candidates[usable[fastest]];
+      if (const char* log = std::getenv("ORTHOPT_GEMM_TUNING_LOG"); log && log[0] == '1')
+        for (size_t u = 0; u < usable.size(); ++u)
+          log_candidate(batch, m, n, k, a_transposed, x_transposed, beta != 0.0f, u, plan->candidates[usable[u]],
+                        best[u], u == fastest);
     }
   }
   ORTHOPT_CUBLAS_TRY(run(plan->algo));

@@ -255,6 +255,49 @@ struct MomentumRowsArgs {
   orthopt_row_stat stat;
 };
 
+// One warp's pass over one row of cols elements starting at element row_start: M ← μ·M + w·G
+// (M stored unless the step is skipped), and each element's NS input o (M_new, or Nesterov's
+// w·G + μ·M_new), rounded to o_dtype, handed to emit(c, o). Returns the lane's part of the row
+// statistic: the sum of o² or, with l1, of |M_new| as stored (|M| when skipped). Lane l takes
+// columns l, l + 32, ... in order, kLoads of them per role in flight. Skipped: emit_skipped(c)
+// for each column instead. Both row kernels use it, so both sum in the same order.
+template <int kLoads, class Emit, class EmitSkipped>
+__device__ __forceinline__ float momentum_row(void* M, const void* G, int64_t row_start, int64_t cols, int lane,
+                                              const MomentumArgs& p, bool skip, bool l1, orthopt_dtype o_dtype,
+                                              Emit emit, EmitSkipped emit_skipped) {
+  float sum = 0.0f;
+  for (int64_t c0 = lane; c0 < cols; c0 += 32 * kLoads) {
+    float m[kLoads], g[kLoads];
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int64_t c = c0 + r * 32;
+      m[r] = c < cols && (!skip || l1) ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
+      g[r] = c < cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int64_t c = c0 + r * 32;
+      if (c >= cols) continue;
+      if (skip) {
+        if (l1) sum = __fadd_rn(sum, fabsf(m[r]));
+        emit_skipped(c);
+        continue;
+      }
+      float wg;
+      const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
+      store(M, row_start + c, p.momentum_dtype, m_new);
+      if (l1) {
+        sum = __fadd_rn(sum, fabsf(rounded(m_new, p.momentum_dtype)));  // the stored value
+      } else {
+        const float o = rounded(momentum_input(wg, m_new, p.mu, p.nesterov), o_dtype);
+        emit(c, o);
+        sum = __fadd_rn(sum, __fmul_rn(o, o));
+      }
+    }
+  }
+  return sum;
+}
+
 // roles: 0 momentum (read, written), 1 gradient, 2 output (written; NULL: none), 3 statistics
 // (fp32, one per row, written). Skipped step: nothing but the statistics is written; they are
 // the L1 norms of the unchanged M, or 0 for the output's sum of squares (no output written).
@@ -272,36 +315,12 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
   void* out = t.ptr[2][i];
   float* stats = static_cast<float*>(t.ptr[3][i]);
   const bool l1 = a.stat == ORTHOPT_ROW_L1_MOMENTUM;
-  float sum = 0.0f;
-  for (int64_t c0 = lane; c0 < a.cols; c0 += 32 * kIlp) {
-    float m[kIlp], g[kIlp];
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t c = c0 + r * 32;
-      m[r] = c < a.cols && (!skip || l1) ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
-      g[r] = c < a.cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
-    }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t c = c0 + r * 32;
-      if (c >= a.cols) continue;
-      if (skip) {
-        if (l1) sum = __fadd_rn(sum, fabsf(m[r]));
-        continue;
-      }
-      const int64_t e = row_start + c;
-      float wg;
-      const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
-      store(M, e, p.momentum_dtype, m_new);
-      if (l1) {
-        sum = __fadd_rn(sum, fabsf(rounded(m_new, p.momentum_dtype)));  // the stored value
-      } else {
-        const float o = rounded(momentum_input(wg, m_new, p.mu, p.nesterov), p.out_dtype);
-        if (out) store(out, e, p.out_dtype, o);
-        sum = __fadd_rn(sum, __fmul_rn(o, o));
-      }
-    }
-  }
+  float sum = momentum_row<kIlp>(
+      M, G, row_start, a.cols, lane, p, skip, l1, p.out_dtype,
+      [&](int64_t c, float o) {
+        if (out) store(out, row_start + c, p.out_dtype, o);
+      },
+      [](int64_t) {});
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
@@ -400,31 +419,11 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
       void* M = a.momentum_ptr[mat];
       const void* G = a.grad_ptr[mat];
       float* const urow = u + lr * cols;
-      float sum = 0.0f;
-      for (int64_t c0 = lane; c0 < cols; c0 += 32 * kNsIlp) {
-        float m[kNsIlp], g[kNsIlp];
-#pragma unroll
-        for (int r = 0; r < kNsIlp; ++r) {
-          const int64_t c = c0 + r * 32;
-          m[r] = c < cols && !skip ? load(M, row_start + c, p.momentum_dtype) : 0.0f;
-          g[r] = c < cols && !skip ? load(G, row_start + c, p.grad_dtype) : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < kNsIlp; ++r) {
-          const int64_t c = c0 + r * 32;
-          if (c >= cols) continue;
-          if (skip) {
-            urow[c] = 0.0f;
-            continue;
-          }
-          float wg;
-          const float m_new = momentum_new(m[r], g[r], p.mu, p.grad_weight, &wg);
-          store(M, row_start + c, p.momentum_dtype, m_new);
-          const float o = momentum_input(wg, m_new, p.mu, p.nesterov);  // the two-pass form's fp32 input
-          urow[c] = o;
-          sum = __fadd_rn(sum, __fmul_rn(o, o));
-        }
-      }
+      // The two-pass form's fp32 input (o_dtype fp32: not rounded), kept in shared memory;
+      // skipped: 0.
+      float sum = momentum_row<kNsIlp>(
+          M, G, row_start, cols, lane, p, skip, /*l1=*/false, ORTHOPT_FP32, [&](int64_t c, float o) { urow[c] = o; },
+          [&](int64_t c) { urow[c] = 0.0f; });
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
       if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;

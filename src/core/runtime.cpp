@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
+
+#include "core/env_switch.h"
 
 namespace orthopt {
 
@@ -76,10 +78,7 @@ Tf32Products::~Tf32Products() {
   if (change_) at::globalContext().setAllowTF32CuBLAS(prev_);
 }
 
-bool gpu_kernels_enabled() {
-  const char* env = std::getenv("ORTHOPT_GPU_KERNELS");
-  return !(env && std::strcmp(env, "0") == 0);
-}
+bool gpu_kernels_enabled() { return env_switch("ORTHOPT_GPU_KERNELS") != std::optional<bool>(false); }
 
 std::string shared_object_of(const void* address) {
   Dl_info info{};

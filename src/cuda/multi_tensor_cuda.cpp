@@ -227,7 +227,7 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
                 i, "] has ", momenta[i].numel(), " elements on ", momenta[i].device(), ", expected ", rows * cols,
                 " on ", out.device());
   const Launch launch(out.device(), keep, nullptr, fn);
-  const std::vector<size_t> all = groups.begin()->second;
+  const std::vector<size_t>& all = groups.begin()->second;
   const std::vector<int>& dt = groups.begin()->first;
   auto M = pointers(lists[0], all), G = pointers(lists[1], all);
   const at::Tensor row_sumsq = at::empty({out.size(0), rows}, out.options().dtype(at::kFloat));
