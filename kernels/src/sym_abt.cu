@@ -118,10 +118,18 @@ bool is_wgmma_path(orthopt_sym_path path) {
 // without C / with β·C against the one-buffer ping-pong: 8192² 0.739 / 0.763 ms vs 0.936 /
 // 0.936, 4096² 0.103 / 0.115 vs 0.115 / 0.119, 4096×14336 0.304 / 0.314 vs 0.355 / 0.353,
 // 16×1536×2048 0.142 / 0.160 vs 0.145 / 0.164, 88×2048² 1.146 / 1.298 vs 1.244 / 1.346.
+// Forty-first session (2026-12-06, bench/results/2026-12-06-h100-m768-persistent.md, H100): GPT-2's
+// stacked 36×768² Gram products (1.6e10 multiply-adds) on the m64n256 kernel instead of one
+// cuBLASLt product: GPT-2 Muon graph step 3.011–3.054 ms against 3.111–3.132, NorMuon
+// 3.184–3.245 against 3.288–3.315, Dion3 unchanged (alternated libraries, one process per run).
+// Why it pays inside the step was not isolated: this kernel launches with programmatic
+// dependent launch, and cuBLASLt issued a memset before most of its products there.
+// The 12×768² standard bank (5.4e9) stays dense: all m >= 768 on the kernel was 3.018–3.077.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k) {
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k);
   if (m >= 4096) return kAutoPersistent;
   if (m >= 768 && k >= 2 * m) return kAutoPersistent;
+  if (m >= 768 && work >= 1.5e10) return kAutoPersistent;  // GPT-2's stacked 36×768² Gram products
   if (m >= 1408 && work >= 5e10) return kAutoPersistent;
   return ORTHOPT_SYM_DENSE;
 }
