@@ -162,14 +162,15 @@ NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
   return ns_shape(G3.size(1), G3.size(2), G3.device(), opt);
 }
 
-// Whether NS keeps a tall batch in its own layout (Gram NS, gram_in_own_layout), and whether it
-// takes a batch as stored: wide and square batches, and tall ones in their own layout. The one
-// rule behind both the inputs callers prepare (detail::prepared_input_dtype) and the check of
-// them (orthogonalize_batches). `like`: the batch, or a tensor of its device and dtype.
+// Whether NS keeps a tall batch in its own layout (Gram NS, gram_in_own_layout). `like`: the
+// batch, or a tensor of its device and dtype.
 bool in_own_layout(const NsShape& shape, const at::Tensor& like) {
   return shape.tall && shape.method == OrthoMethod::Gram && gram_in_own_layout(like, shape.compute, shape.m);
 }
-bool takes_as_stored(const NsShape& shape, const at::Tensor& like) { return !shape.tall || in_own_layout(shape, like); }
+// Whether NS takes a batch as stored: wide and square batches, and tall ones in their own layout.
+// The one rule behind both the inputs callers prepare (detail::prepared_input_dtype) and the
+// check of them (orthogonalize_batches).
+bool takes_as_stored(bool tall, bool own_layout) { return !tall || own_layout; }
 
 // The NS input: X / (‖X‖_F·safety + eps) per matrix in the compute dtype, [B, m, n] contiguous,
 // where X = G3, or its transpose when tall; with own_layout (tall, CUDA kernels), the transposed
@@ -241,7 +242,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   std::vector<size_t> standard;
   std::vector<bool> tall(G3s.size());
   std::vector<at::ScalarType> compute(G3s.size());
-  std::vector<bool> own_layout(G3s.size()), as_stored(G3s.size());
+  std::vector<bool> own_layout(G3s.size());
   std::vector<double> work(G3s.size());
   const c10::Device device = G3s[0].device();
   for (size_t i = 0; i < G3s.size(); ++i) {
@@ -258,7 +259,6 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
       }
     }
     own_layout[i] = in_own_layout(shape, G3);
-    as_stored[i] = takes_as_stored(shape, G3);
     work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) *
               static_cast<double>(n);
     if (method == OrthoMethod::Gram)
@@ -277,7 +277,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
 #endif
   auto input = [&](size_t i) {
     if (!prepared.empty() && prepared[i]) {
-      TORCH_CHECK(G3s[i].scalar_type() == compute[i] && G3s[i].is_contiguous() && as_stored[i],
+      TORCH_CHECK(G3s[i].scalar_type() == compute[i] && G3s[i].is_contiguous() &&
+                      takes_as_stored(tall[i], own_layout[i]),
                   "argument 'prepared' [", i, "]: input ", i, " (", G3s[i].scalar_type(), ", shape ", G3s[i].sizes(),
                   ") is not an NS input as stored: expected a contiguous ", compute[i],
                   " batch that NS takes without transposing it");
@@ -536,7 +537,7 @@ std::optional<at::ScalarType> detail::prepared_input_dtype(int64_t rows, int64_t
   const NsShape shape = ns_shape(rows, cols, like.device(), opt);
   if (shape.compute != at::kBFloat16 && shape.compute != at::kHalf) return std::nullopt;
   if (!cuda::scale_cast_handles(like, shape.compute)) return std::nullopt;
-  if (takes_as_stored(shape, like)) return shape.compute;
+  if (takes_as_stored(shape.tall, in_own_layout(shape, like))) return shape.compute;
 #else
   (void)rows, (void)cols, (void)opt, (void)like;
 #endif
