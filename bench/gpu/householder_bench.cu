@@ -22,26 +22,8 @@ __global__ void fill(float* p, size_t n, uint32_t seed) {
   }
 }
 
-double median_ms(int64_t batch, int64_t rows, int64_t cols, const float* A, float* V) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  auto launch = [&] { CK(orthopt_householder_panel(batch, rows, cols, A, 32, rows * 32, V, 32, rows * 32, nullptr)); };
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
+double panel_median_ms(int64_t batch, int64_t rows, int64_t cols, const float* A, float* V) {
+  return median_ms([&] { CK(orthopt_householder_panel(batch, rows, cols, A, 32, rows * 32, V, 32, rows * 32, nullptr)); });
 }
 
 }  // namespace
@@ -69,11 +51,11 @@ int main() {
     for (int64_t w : {32, 16, 8}) {
       const int64_t waves = orthopt_householder_panel_waves(s.batch, s.rows, w);
       if (s.rows > orthopt_householder_panel_max_rows(w)) continue;
-      const double full = median_ms(s.batch, s.rows, w, A, V);
+      const double full = panel_median_ms(s.batch, s.rows, w, A, V);
       std::printf("| %lld×%lld (%s) | %lld | %lld | %.4f |", (long long)s.batch, (long long)s.rows, s.what,
                   (long long)w, (long long)waves, full);
       if (w >= 16) {
-        const double part = median_ms(s.batch, s.rows, w - 4, A, V);
+        const double part = panel_median_ms(s.batch, s.rows, w - 4, A, V);
         std::printf(" %.4f | %.2f |\n", part, 1e3 * (full - part) / 4.0);
       } else {
         std::printf(" – | – |\n");

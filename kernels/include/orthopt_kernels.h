@@ -101,6 +101,28 @@ orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_
                             int64_t stride_x, int x_transposed, float alpha, const void* C,
                             int64_t stride_c, float beta, void* D, int64_t stride_d, cudaStream_t stream);
 
+/* Muon's decoupled update folded into a product (the last Newton–Schulz product: no direction
+ * written and read back by an update pass):
+ *     W[b] ← β·W[b] + α·(A[b]·X[b])      for b < batch,
+ * A, X, their strides and transposed flags as orthopt_gemm (bf16 or fp16); W[b] an fp32 row-major
+ * [m, n] contiguous matrix at the device address weight[b] (a host array: separate tensors, read
+ * through cuBLASLt's pointer-array batch mode). α = −fl32(lr·factor), β = fl32(1 − lr·weight_decay),
+ * rounded as orthopt_multi_update rounds them, read on the device from lr (one fp64 value), so a
+ * captured graph follows a scheduled lr; where keep holds 0 (a skipped step), α = 0 and β = 1,
+ * which leaves W as it was where A·X is finite. The epilogue's fp32 α·acc + β·W replaces the
+ * update pass's rounding of A·X to dtype first. scratch: device memory of
+ * orthopt_gemm_update_scratch_bytes(batch), pointer-aligned, not in use by another launch until
+ * this one has run (the pointer arrays and α, β are written there by a setup launch). The first
+ * call of a shape outside a stream capture times cuBLASLt's candidates on stand-in weights taken
+ * for that while from the stream's memory pool (batch·m·n floats; where none is free, or
+ * ORTHOPT_GEMM_UPDATE_TUNING=0, the heuristic's first choice is kept). */
+size_t orthopt_gemm_update_scratch_bytes(int64_t batch);
+orthopt_status orthopt_gemm_update(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                   const void* A, int64_t stride_a, int a_transposed, const void* X,
+                                   int64_t stride_x, int x_transposed, float* const* weight, double factor,
+                                   const double* lr, double weight_decay, const uint8_t* keep, void* scratch,
+                                   cudaStream_t stream);
+
 /* Scaled cast, optionally transposed, batched (the Newton–Schulz input, algorithms.md §1):
  *     out[b] = op(in[b] / (norm[b]·safety + eps))     or     out[b] = op(in[b])  when norm == NULL
  * with in [batch, rows, cols] and op = identity (out [batch, rows, cols]) or, when transpose != 0,

@@ -4,6 +4,8 @@
 // heuristic choice was measured 17% slower than the legacy cuBLAS call at 8192³
 // (bench/results/2026-11-29-h100-sym-products.md), so the first call of each shape times the top
 // candidates on its own operands, round-robin, and keeps the fastest.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -45,12 +47,21 @@ orthopt_status time_once(cudaStream_t stream, cudaEvent_t t0, cudaEvent_t t1, La
   return ORTHOPT_OK;
 }
 
+// stride kPointerArray: the batch's matrices are at addresses read from a device array
+// (cuBLASLt's pointer-array batch mode) instead of at a fixed stride.
+constexpr int64_t kPointerArray = -1;
+
 orthopt_status make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
                            int64_t batch, int64_t stride) {
   ORTHOPT_CUBLAS_TRY(cublasLtMatrixLayoutCreate(out, type, rows, cols, ld));
   int32_t count = static_cast<int32_t>(batch);
   ORTHOPT_CUBLAS_TRY(
       cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  if (stride == kPointerArray) {
+    const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    ORTHOPT_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    return ORTHOPT_OK;
+  }
   ORTHOPT_CUBLAS_TRY(
       cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   return ORTHOPT_OK;
@@ -103,6 +114,38 @@ void log_candidate(int64_t batch, int64_t m, int64_t n, int64_t k, bool a_t, boo
   std::fprintf(stderr, "%s, best %.4f ms%s\n", line.c_str(), best_ms, chosen ? " (kept)" : "");
 }
 
+// Times the plan's candidates on `run` (which launches one product with the given algorithm on
+// `stream`) and keeps the fastest as plan->algo. Round-robin: every round times each candidate
+// once, starting one candidate later each round, and each keeps its best time. Timing them one
+// after another let clocks still rising from idle favour the later candidates (suspected in
+// 8192² NS outliers, docs/gpu.md). `report(index, algo, best ms, kept)` sees every usable one.
+template <class Run, class Report>
+orthopt_status keep_fastest(Plan* plan, cudaStream_t stream, Run run, Report report) {
+  std::vector<size_t> usable;
+  for (size_t i = 0; i < plan->candidates.size(); ++i)
+    if (run(plan->candidates[i]) == CUBLAS_STATUS_SUCCESS) usable.push_back(i);  // warm-up; skips one that cannot run
+  std::vector<float> best(usable.size(), -1.0f);
+  cudaEvent_t t0, t1;
+  ORTHOPT_CUDA_TRY(cudaEventCreate(&t0));
+  ORTHOPT_CUDA_TRY(cudaEventCreate(&t1));
+  orthopt_status status = ORTHOPT_OK;
+  for (size_t round = 0; round < kTuningRounds && status == ORTHOPT_OK; ++round) {
+    for (size_t j = 0; j < usable.size() && status == ORTHOPT_OK; ++j) {
+      const size_t u = (j + round) % usable.size();
+      status = time_once(stream, t0, t1, [&] { return run(plan->candidates[usable[u]]); }, &best[u]);
+    }
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  ORTHOPT_STATUS_TRY(status);
+  size_t fastest = 0;
+  for (size_t u = 1; u < usable.size(); ++u)
+    if (best[u] < best[fastest]) fastest = u;
+  if (!usable.empty()) plan->algo = plan->candidates[usable[fastest]];
+  for (size_t u = 0; u < usable.size(); ++u) report(u, plan->candidates[usable[u]], best[u], u == fastest);
+  return ORTHOPT_OK;
+}
+
 orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   thread_local std::map<PlanKey, Plan> plans;  // descriptors are small; shapes per run are few
   auto it = plans.find(key);
@@ -115,6 +158,10 @@ orthopt_status get_plan(BlasContext* ctx, const PlanKey& key, Plan** out) {
   const cudaDataType_t out_type = cuda_type(static_cast<orthopt_dtype>(out_dt));
   Plan p;
   ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (sd == kPointerArray) {  // orthopt_gemm_update: α and β are read from device memory
+    const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    ORTHOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
+  }
   // cuBLASLt computes Dᵀ (n×m) = Xᵀ (n×k) · Aᵀ (k×m), its operands A and B being our Xᵀ and Aᵀ.
   ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &p.x, type, n, k, x_transposed, batch, sx));
   ORTHOPT_STATUS_TRY(operand_layout(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &p.a, type, k, m, a_transposed, batch, sa));
@@ -172,43 +219,164 @@ orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t b
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if ((C != D || beta == 0.0f) && capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1) {
-      // Round-robin: every round times each candidate once, starting one candidate later each
-      // round, and each keeps its best time. Timing them one after another let clocks still rising
-      // from idle favour the later candidates (suspected in 8192² NS outliers, docs/gpu.md).
-      std::vector<size_t> usable;
-      for (size_t i = 0; i < plan->candidates.size(); ++i)
-        if (run(plan->candidates[i]) == CUBLAS_STATUS_SUCCESS) usable.push_back(i);  // warm-up; skips one that cannot run
-      std::vector<float> best(usable.size(), -1.0f);
-      cudaEvent_t t0, t1;
-      ORTHOPT_CUDA_TRY(cudaEventCreate(&t0));
-      ORTHOPT_CUDA_TRY(cudaEventCreate(&t1));
-      orthopt_status status = ORTHOPT_OK;
-      for (size_t round = 0; round < kTuningRounds && status == ORTHOPT_OK; ++round) {
-        for (size_t j = 0; j < usable.size() && status == ORTHOPT_OK; ++j) {
-          const size_t u = (j + round) % usable.size();
-          status = time_once(stream, t0, t1, [&] { return run(plan->candidates[usable[u]]); }, &best[u]);
-        }
-      }
-      cudaEventDestroy(t0);
-      cudaEventDestroy(t1);
-      ORTHOPT_STATUS_TRY(status);
-      size_t fastest = 0;
-      for (size_t u = 1; u < usable.size(); ++u)
-        if (best[u] < best[fastest]) fastest = u;
-      if (!usable.empty()) plan->algo = plan->candidates[usable[fastest]];
-      if (const char* log = std::getenv("ORTHOPT_GEMM_TUNING_LOG"); log && log[0] == '1')
-        for (size_t u = 0; u < usable.size(); ++u)
-          log_candidate(batch, m, n, k, a_transposed, x_transposed, beta != 0.0f, u, plan->candidates[usable[u]],
-                        best[u], u == fastest);
+      const bool log = std::getenv("ORTHOPT_GEMM_TUNING_LOG") && std::getenv("ORTHOPT_GEMM_TUNING_LOG")[0] == '1';
+      ORTHOPT_STATUS_TRY(keep_fastest(plan, stream, run, [&](size_t u, const cublasLtMatmulAlgo_t& algo, float ms,
+                                                             bool chosen) {
+        if (log) log_candidate(batch, m, n, k, a_transposed, x_transposed, beta != 0.0f, u, algo, ms, chosen);
+      }));
     }
   }
   ORTHOPT_CUBLAS_TRY(run(plan->algo));
   return ORTHOPT_OK;
 }
 
+// ---- Muon's update folded into the last Newton–Schulz product (orthopt_gemm_update).
+
+constexpr int kUpdateWeights = 128;  // weight addresses per setup launch (kernel arguments: 1 KiB)
+
+struct UpdateSetup {
+  const char* x;  // our X (cuBLASLt's A) and A (its B), strided
+  const char* a;
+  int64_t x_stride_bytes, a_stride_bytes;
+  int64_t batch, first, count;  // this launch writes entries first .. first + count − 1
+  float* weight[kUpdateWeights];
+  const double* lr;
+  const uint8_t* keep;
+  double factor, weight_decay;
+};
+
+// The pointer arrays (X's, A's and the weights', `batch` each) and, in the first launch, {α, β}:
+// the decoupled update's constants as orthopt_multi_update's decay_consts rounds them.
+__global__ void gemm_update_setup(const __grid_constant__ UpdateSetup s, const void** arrays, float* alpha_beta) {
+  const int64_t i = threadIdx.x;
+  if (i < s.count) {
+    const int64_t b = s.first + i;
+    arrays[b] = s.x + b * s.x_stride_bytes;
+    arrays[s.batch + b] = s.a + b * s.a_stride_bytes;
+    arrays[2 * s.batch + b] = s.weight[i];
+  }
+  if (s.first == 0 && i == 0) {
+    const bool skip = s.keep != nullptr && *s.keep == 0;
+    const double lr = *s.lr;
+    alpha_beta[0] = skip ? 0.0f : -__double2float_rn(__dmul_rn(lr, s.factor));
+    alpha_beta[1] = skip ? 1.0f : __double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, s.weight_decay)));
+  }
+}
+
+orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
+                                int64_t stride_a, bool a_transposed, const void* X, int64_t stride_x,
+                                bool x_transposed, float* const* weight, double factor, const double* lr,
+                                double weight_decay, const uint8_t* keep, void* scratch, cudaStream_t stream) {
+  BlasContext* ctx = nullptr;
+  ORTHOPT_STATUS_TRY(blas_context(stream, &ctx));
+  int device = 0;
+  ORTHOPT_CUDA_TRY(cudaGetDevice(&device));
+  Plan* plan = nullptr;
+  ORTHOPT_STATUS_TRY(get_plan(ctx,
+                              PlanKey{dtype, ORTHOPT_FP32, batch, m, n, k, kPointerArray, kPointerArray, kPointerArray,
+                                      kPointerArray, device, a_transposed, x_transposed},
+                              &plan));
+  const void** arrays = static_cast<const void**>(scratch);  // X's, A's, then the weights' addresses
+  const size_t elem = dtype == ORTHOPT_FP32 ? 4 : 2;
+  UpdateSetup s{};
+  s.x = static_cast<const char*>(X);
+  s.a = static_cast<const char*>(A);
+  s.x_stride_bytes = stride_x * static_cast<int64_t>(elem);
+  s.a_stride_bytes = stride_a * static_cast<int64_t>(elem);
+  s.batch = batch;
+  s.lr = lr;
+  s.keep = keep;
+  s.factor = factor;
+  s.weight_decay = weight_decay;
+  // Writes the pointer arrays (weights at `w`) and {α, β} into `to` (scratch's layout).
+  auto setup = [&](float* const* w, const void** to) -> orthopt_status {
+    for (int64_t first = 0; first < batch; first += kUpdateWeights) {
+      s.first = first;
+      s.count = std::min<int64_t>(kUpdateWeights, batch - first);
+      for (int64_t i = 0; i < s.count; ++i) s.weight[i] = w[first + i];
+      gemm_update_setup<<<1, kUpdateWeights, 0, stream>>>(s, to, reinterpret_cast<float*>(to + 3 * batch));
+      ORTHOPT_CUDA_TRY(cudaGetLastError());
+    }
+    return ORTHOPT_OK;
+  };
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, const void** on) {
+    const float* ab = reinterpret_cast<const float*>(on + 3 * batch);
+    void* d = const_cast<const void**>(on + 2 * batch);  // pointer-array mode: the array's address
+    return cublasLtMatmul(ctx->lt, plan->op, ab, on, plan->x, on + batch, plan->a, ab + 1, d, plan->c, d, plan->d,
+                          &algo, ctx->workspace, kWorkspaceBytes, stream);
+  };
+  if (!plan->tuned) {
+    plan->tuned = true;
+    // The candidates are timed on stand-in weights (the product writes the ones it reads), in
+    // memory taken from the stream's pool for this once; where none is free, or a capture is on,
+    // the heuristic's first choice stays. ORTHOPT_GEMM_UPDATE_TUNING=0 keeps it always (A/B).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    const char* off = std::getenv("ORTHOPT_GEMM_UPDATE_TUNING");
+    const size_t weight_bytes = (static_cast<size_t>(batch * m * n) * sizeof(float) + 255) / 256 * 256;
+    void* stand_in = nullptr;
+    if (capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1 && !(off && off[0] == '0')) {
+      if (cudaMallocAsync(&stand_in, weight_bytes + orthopt_gemm_update_scratch_bytes(batch), stream) != cudaSuccess) {
+        (void)cudaGetLastError();  // out of memory: keep the heuristic's choice
+        stand_in = nullptr;
+      }
+    }
+    if (stand_in) {
+      float* w0 = static_cast<float*>(stand_in);
+      std::vector<float*> w(static_cast<size_t>(batch));
+      for (int64_t b = 0; b < batch; ++b) w[b] = w0 + b * m * n;
+      const void** on = reinterpret_cast<const void**>(static_cast<char*>(stand_in) + weight_bytes);
+      orthopt_status st = cudaMemsetAsync(stand_in, 0, weight_bytes, stream) == cudaSuccess ? ORTHOPT_OK : ORTHOPT_ERR_CUDA;
+      if (st == ORTHOPT_OK) st = setup(w.data(), on);
+      if (st == ORTHOPT_OK) {
+        const bool log = std::getenv("ORTHOPT_GEMM_TUNING_LOG") && std::getenv("ORTHOPT_GEMM_TUNING_LOG")[0] == '1';
+        st = keep_fastest(plan, stream, [&](const cublasLtMatmulAlgo_t& algo) { return run(algo, on); },
+                          [&](size_t u, const cublasLtMatmulAlgo_t& algo, float ms, bool chosen) {
+                            if (log) log_candidate(batch, m, n, k, a_transposed, x_transposed, true, u, algo, ms, chosen);
+                          });
+      }
+      const cudaError_t freed = cudaFreeAsync(stand_in, stream);
+      ORTHOPT_STATUS_TRY(st);
+      ORTHOPT_CUDA_TRY(freed);
+    }
+  }
+  ORTHOPT_STATUS_TRY(setup(weight, arrays));
+  ORTHOPT_CUBLAS_TRY(run(plan->algo, arrays));
+  return ORTHOPT_OK;
+}
+
 }  // namespace orthopt_k
 
 using namespace orthopt_k;
+
+extern "C" size_t orthopt_gemm_update_scratch_bytes(int64_t batch) {
+  return batch < 1 ? 0 : static_cast<size_t>(3 * batch) * sizeof(void*) + 2 * sizeof(float);
+}
+
+extern "C" orthopt_status orthopt_gemm_update(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                              const void* A, int64_t stride_a, int a_transposed, const void* X,
+                                              int64_t stride_x, int x_transposed, float* const* weight, double factor,
+                                              const double* lr, double weight_decay, const uint8_t* keep,
+                                              void* scratch, cudaStream_t stream) {
+  if (!valid_dtype(dtype))
+    return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm_update: argument 'dtype' must be bf16 or fp16");
+  if (batch < 1 || m < 1 || n < 1 || k < 1)
+    return fail(ORTHOPT_ERR_INVALID,
+                "orthopt_gemm_update: sizes must be positive (batch %lld, m %lld, n %lld, k %lld)",
+                static_cast<long long>(batch), static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k));
+  if (!A || !X || !weight || !lr || !scratch)
+    return fail(ORTHOPT_ERR_INVALID,
+                "orthopt_gemm_update: arguments 'A', 'X', 'weight', 'lr', 'scratch' must not be NULL");
+  for (int64_t b = 0; b < batch; ++b)
+    if (!weight[b]) return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm_update: argument 'weight' [%lld] is NULL",
+                                static_cast<long long>(b));
+  if (reinterpret_cast<uintptr_t>(scratch) % alignof(void*) != 0)
+    return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm_update: argument 'scratch' must be %zu-byte aligned",
+                alignof(void*));
+  return gemm_update_impl(dtype, batch, m, n, k, A, stride_a, a_transposed != 0, X, stride_x, x_transposed != 0,
+                          weight, factor, lr, weight_decay, keep, scratch, stream);
+}
 
 extern "C" orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t batch, int64_t m,
                                        int64_t n, int64_t k, const void* A, int64_t stride_a, int a_transposed,

@@ -2,12 +2,14 @@
 #include "cuda/multi_tensor_cuda.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <map>
 #include <optional>
 
 #include "core/env_switch.h"
+#include "cuda/products_cuda.h"
 #include "orthopt/runtime.h"
 #include "orthopt_kernels.h"
 
@@ -240,6 +242,42 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
                                          row_sumsq.data_ptr<float>(), static_cast<unsigned int*>(arrived.data_ptr()),
                                          launch.keep, launch.stream),
                "orthopt_momentum_ns_input");
+}
+
+void update_by_product(const at::Tensor& A_in, const at::Tensor& X_in, const std::vector<at::Tensor>& weights,
+                       double factor, const at::Tensor& lr, double weight_decay, const at::Tensor& keep) {
+  const char* fn = "orthopt::cuda::update_by_product";
+  RECORD_FUNCTION("orthopt::update_by_product", std::vector<c10::IValue>({A_in, X_in}));
+  TORCH_CHECK(A_in.dim() == 3 && X_in.dim() == 3 && A_in.is_cuda() && X_in.device() == A_in.device() &&
+                  (A_in.scalar_type() == at::kBFloat16 || A_in.scalar_type() == at::kHalf) &&
+                  X_in.scalar_type() == A_in.scalar_type(),
+              fn, ": arguments 'A', 'X': expected bf16 or fp16 batches [B, m, k], [B, k, n] of one dtype on one CUDA "
+              "device, got ", A_in.scalar_type(), " ", A_in.sizes(), " and ", X_in.scalar_type(), " ", X_in.sizes());
+  const int64_t batch = A_in.size(0), m = A_in.size(1), k = A_in.size(2), n = X_in.size(2);
+  TORCH_CHECK(X_in.size(0) == batch && X_in.size(1) == k, fn, ": argument 'X': expected shape [", batch, ", ", k,
+              ", n], got ", X_in.sizes());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == batch, fn, ": argument 'weights': expected ", batch,
+              " tensors (one per matrix), got ", weights.size());
+  std::vector<float*> w;
+  for (size_t b = 0; b < weights.size(); ++b) {
+    const at::Tensor& t = weights[b];
+    TORCH_CHECK(t.defined() && t.is_cuda() && t.device() == A_in.device() && t.scalar_type() == at::kFloat &&
+                    t.is_contiguous() && t.numel() == m * n,
+                fn, ": argument 'weights' [", b, "]: expected a contiguous fp32 tensor of ", m, "x", n,
+                " elements on ", A_in.device());
+    w.push_back(t.data_ptr<float>());
+  }
+  const bool a_t = is_transposed_view(A_in), x_t = is_transposed_view(X_in);
+  const at::Tensor A = a_t ? A_in : A_in.contiguous(), X = x_t ? X_in : X_in.contiguous();
+  const Launch launch(A.device(), keep, &lr, fn);
+  const at::Tensor scratch =
+      at::empty({static_cast<int64_t>(orthopt_gemm_update_scratch_bytes(batch))}, A.options().dtype(at::kByte));
+  const orthopt_dtype dt = A.scalar_type() == at::kBFloat16 ? ORTHOPT_BF16 : ORTHOPT_FP16;
+  check_status(orthopt_gemm_update(dt, batch, m, n, k, A.data_ptr(), m * k, a_t ? 1 : 0, X.data_ptr(), k * n,
+                                   x_t ? 1 : 0, w.data(), factor, launch.lr, weight_decay, launch.keep,
+                                   scratch.data_ptr(), launch.stream),
+               "orthopt_gemm_update");
+  bump_versions(weights);
 }
 
 void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& directions,

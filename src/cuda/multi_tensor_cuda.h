@@ -49,6 +49,15 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
                        const at::Tensor& out, double mu, double grad_weight, bool nesterov, double safety,
                        double eps, const at::Tensor& keep);
 
+// update() with D = A[b]·X[b] for weights[b], in one product whose epilogue does the update
+// (orthopt_gemm_update; plain decoupled decay): no D written in A's dtype and read back. A
+// [B, m, k], X [B, k, n]: one 16-bit dtype, each contiguous or the transpose of a contiguous
+// tensor; weights: B fp32 contiguous tensors of m·n elements (row-major [m, n]) on A's device;
+// lr, keep as update(). The epilogue forms (1 − lr·wd)·W − (lr·factor)·acc from the product's fp32
+// accumulator, where update() rounds D to A's dtype first.
+void update_by_product(const at::Tensor& A, const at::Tensor& X, const std::vector<at::Tensor>& weights,
+                       double factor, const at::Tensor& lr, double weight_decay, const at::Tensor& keep);
+
 // W ← W·(1 − lr·wd) − (lr·factor)·D (cautious: decay only where W·D >= 0). With row_scales
 // (one fp32 tensor per weight, one value per row of `cols` elements; empty: none), D is
 // directions[i] · row_scales[i][row] in fp32 (NorMuon's Û without storing it).

@@ -34,6 +34,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "core/env_switch.h"
 #include "optim/update_math.h"
 #include "ortho/orthogonalize_detail.h"
 
@@ -1191,10 +1192,44 @@ class OptimizerImpl {
     std::vector<at::Tensor> bank_factors(bks.size());  // row_scaled: Û's row factors per bank
     // Without split_sizes every bank in one call: the Gram NS of banks with the same m (after
     // orientation) iterates as one batch (detail::orthogonalize_many_in_compute_dtype).
+    // Muon's update folded into the last NS product (detail::FoldedUpdate: the epilogue writes
+    // the weights, no direction written and read back by the update kernel) for banks whose NS
+    // input came prepared (zeros on a skipped step, so the product is finite and the skip's
+    // α = 0, β = 1 leaves the weights as they were) and whose params are their own fp32 weights
+    // (no master copy), with plain decoupled decay. Banks the products do not take come back
+    // with a result and are updated below. ORTHOPT_FOLD_UPDATE=0 turns it off (A/B timings).
+    std::vector<detail::FoldedUpdate> folds(bks.size());
+    std::vector<const detail::FoldedUpdate*> fold_of(bks.size(), nullptr);
+    if (direct && !o.cautious_weight_decay && env_switch("ORTHOPT_FOLD_UPDATE") != std::optional<bool>(false)) {
+      for (size_t k = 0; k < bks.size(); ++k) {
+        const Bank& b = bks[k];
+        const bool own_fp32 = std::all_of(b.params.begin(), b.params.end(), [&](size_t i) {
+          const at::Tensor& p = params[i];
+          return p.scalar_type() == at::kFloat && p.is_contiguous() && !uses_master(p, o);
+        });
+        if (!prepared[k] || !own_fp32) continue;
+        detail::FoldedUpdate& u = folds[k];
+        for (size_t i : b.params) {
+          const at::Tensor w3 = params[i].detach().view({-1, b.rows, b.cols});
+          for (int64_t e = 0; e < w3.size(0); ++e) u.weights.push_back(w3[e]);
+        }
+        u.factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
+        u.lr = lr;
+        u.weight_decay = o.weight_decay;
+        u.keep = keep_flag();
+        fold_of[k] = &u;
+      }
+    }
     std::vector<at::Tensor> ns;
-    if (o.ortho.split_sizes.empty()) ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms, prepared);
+    if (o.ortho.split_sizes.empty())
+      ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms, prepared, fold_of);
+    std::vector<bool> updated(idx.size(), false);  // params whose update the NS products did
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
+      if (!ns.empty() && !ns[k].defined()) {
+        for (size_t pos : b.positions) updated[pos] = true;
+        continue;
+      }
       // Tall matrices may come back as transposed views and the update kernel reads D
       // contiguously: one copy per bank (a no-op for wide ones and, on the GPU kernels' path, for
       // tall ones through Gram NS), for Muon and NorMuon by the transpose kernel in the compute
@@ -1250,9 +1285,11 @@ class OptimizerImpl {
       return;
     }
     UpdateLists l;
-    for (size_t j = 0; j < idx.size(); ++j) add(l, idx[j], outs[j]);
-    cuda::update(l.weights, l.directions, l.copies, l.factors, lr, o.weight_decay, o.cautious_weight_decay,
-                 keep_flag());
+    for (size_t j = 0; j < idx.size(); ++j)
+      if (!updated[j]) add(l, idx[j], outs[j]);
+    if (!l.weights.empty())
+      cuda::update(l.weights, l.directions, l.copies, l.factors, lr, o.weight_decay, o.cautious_weight_decay,
+                   keep_flag());
   }
 
   void step_adamw_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {

@@ -27,18 +27,27 @@ using detail::Precision;
 constexpr int kMaxSteps = 100;
 
 // Standard NS on X [B, m, n], m <= n, already normalized and in the compute dtype. The result is
-// in the compute dtype, or in result_dtype where the products write it (detail::mm).
+// in the compute dtype, or in result_dtype where the products write it (detail::mm). With
+// `update` (taken: detail::takes_update(X)), the last product does that update instead, its
+// product laid out transposed when `update_transposed` (a tall matrix's weights), and the result
+// is undefined.
 at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precision& p,
-                       std::optional<at::ScalarType> result_dtype) {
+                       std::optional<at::ScalarType> result_dtype, const detail::FoldedUpdate* update = nullptr,
+                       bool update_transposed = false) {
   for (int t = 0; t < steps; ++t) {
     const auto& [a, b, c] = s.at_step(t);
     auto A = detail::gram_product(X, p);  // X·Xᵀ
-    if (t + 1 == steps && result_dtype && *result_dtype != X.scalar_type() &&
-        detail::writes_result_dtype(X, *result_dtype)) {
+    const bool wide_result = result_dtype && *result_dtype != X.scalar_type() &&
+                             detail::writes_result_dtype(X, *result_dtype);
+    if (t + 1 == steps && (wide_result || update)) {
       // The last step as (a·I + b·A + c·A·A)·X, a·I fused into the symmetric product's diagonal:
       // one product writing the caller's dtype (fp32) instead of a·X + B·X in the compute dtype
-      // and a cast pass over the result after it.
+      // and a cast pass over the result after it, or one product doing the update.
       auto B = detail::sym_addmm(A, A, A, b, c, p, /*diag=*/a);
+      if (update) {
+        detail::mm_update(B, X, update_transposed, *update);
+        return at::Tensor();
+      }
       return detail::mm(B, X, p, /*transposed_result=*/false, result_dtype);
     }
     auto B = detail::sym_addmm(A, A, A, b, c, p);  // b·A + c·A·A
@@ -54,10 +63,13 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
 // as alone. transposed[i]: batch i is a tall matrix transposed for NS; its last Q·X is written
 // in the tall layout (detail::mm's transposed_result), so that transposing the result back
 // (orthogonalize_batches) gives a contiguous tensor and nobody copies it. The last Q·X writes
-// result_dtype where the products can (detail::mm), else the compute dtype.
+// result_dtype where the products can (detail::mm), else the compute dtype. updates[i] (non-null,
+// taken: detail::takes_update): batch i's last product does that update instead, and its result
+// is undefined.
 std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, int steps,
                                 const std::vector<int>& restarts, const Precision& p,
-                                const std::vector<bool>& transposed, std::optional<at::ScalarType> result_dtype) {
+                                const std::vector<bool>& transposed, std::optional<at::ScalarType> result_dtype,
+                                const std::vector<const detail::FoldedUpdate*>& updates) {
   auto is_restart = [&](int t) { return std::find(restarts.begin(), restarts.end(), t) != restarts.end(); };
   auto gram = [&] {  // R of every batch, stacked: each written into its slice of one buffer
     if (Xs.size() == 1) return detail::gram_product(Xs[0], p);
@@ -75,6 +87,12 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
     int64_t offset = 0;
     for (size_t i = 0; i < Xs.size(); ++i) {
       const int64_t b = Xs[i].size(0);
+      if (last && updates[i]) {
+        detail::mm_update(Q.narrow(0, offset, b), Xs[i], transposed[i], *updates[i]);
+        Xs[i] = at::Tensor();
+        offset += b;
+        continue;
+      }
       // The last product writes the caller's dtype where the products can: no cast pass after it.
       const bool direct = last && result_dtype && detail::writes_result_dtype(Xs[i], *result_dtype);
       Xs[i] = detail::mm(Q.narrow(0, offset, b), Xs[i], p, last && transposed[i],
@@ -233,10 +251,17 @@ bool on_side_stream(double work) {
 // results are too).
 // prepared (empty, or one flag per batch): where set, G3s[i] is its NS input already, scaled and
 // in the compute dtype, as stored (detail::prepared_input_dtype), and norms[i] is not used.
+// updates (empty, or one per batch, null for none): batch i's last product does that update
+// (detail::FoldedUpdate, weights in G3s[i]'s layout) where the products take it
+// (detail::takes_update) and write the result in the batch's stored layout; its result is then
+// undefined, and otherwise it is returned as without an update (the caller updates from it).
 std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s, const OrthoOptions& opt,
                                               const Schedule& s, const std::vector<at::Tensor>& norms = {},
                                               std::optional<at::ScalarType> result_dtype = std::nullopt,
-                                              const std::vector<bool>& prepared = {}) {
+                                              const std::vector<bool>& prepared = {},
+                                              const std::vector<const detail::FoldedUpdate*>& updates = {}) {
+  TORCH_CHECK(updates.empty() || updates.size() == G3s.size(), "argument 'updates': expected none or ", G3s.size(),
+              ", got ", updates.size());
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   std::vector<size_t> standard;
@@ -286,6 +311,11 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     }
     return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
   };
+  // Batch i's update, where its last product (laid out as `transposed`) writes the stored layout.
+  auto update_of = [&](size_t i, const at::Tensor& x, bool transposed) -> const detail::FoldedUpdate* {
+    if (updates.empty() || !updates[i] || !detail::takes_update(x)) return nullptr;
+    return (!tall[i] || own_layout[i] || transposed) ? updates[i] : nullptr;
+  };
   struct Chain {
     std::function<void()> run;
     double work;
@@ -297,19 +327,27 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
     chains.push_back({[&, key = key, idx = idx] {
                         std::vector<at::Tensor> Xs;
                         std::vector<bool> transposed;
+                        std::vector<const detail::FoldedUpdate*> folded;
                         for (size_t i : idx) {
                           Xs.push_back(input(i));
                           transposed.push_back(transposed_result && tall[i] && !own_layout[i]);
+                          folded.push_back(update_of(i, Xs.back(), transposed.back()));
                         }
                         Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device),
-                                     transposed, result_dtype);
+                                     transposed, result_dtype, folded);
                         for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
                       },
                       w});
   }
   for (size_t i : standard)
     chains.push_back(
-        {[&, i] { X[i] = standard_ns(input(i), s, opt.steps, Precision::of(compute[i], device), result_dtype); },
+        {[&, i] {
+           const at::Tensor x = input(i);
+           // A tall batch runs transposed; its folded update writes the stored layout back
+           // (detail::mm_update's transposed result).
+           X[i] = standard_ns(x, s, opt.steps, Precision::of(compute[i], device), result_dtype,
+                              update_of(i, x, /*transposed=*/tall[i]), tall[i]);
+         },
          work[i]});
 #ifdef ORTHOPT_WITH_CUDA
   if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
@@ -329,7 +367,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
 #endif
     for (const auto& chain : chains) chain.run();
   for (size_t i = 0; i < G3s.size(); ++i)
-    if (tall[i]) X[i] = X[i].transpose(1, 2);
+    if (tall[i] && X[i].defined()) X[i] = X[i].transpose(1, 2);
   return X;
 }
 
@@ -547,7 +585,8 @@ std::optional<at::ScalarType> detail::prepared_input_dtype(int64_t rows, int64_t
 std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
                                                                    const OrthoOptions& opt,
                                                                    const std::vector<at::Tensor>& norms,
-                                                                   const std::vector<bool>& prepared) {
+                                                                   const std::vector<bool>& prepared,
+                                                                   const std::vector<const FoldedUpdate*>& updates) {
   TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
               "before, or call orthogonalize per tensor)");
   for (const auto& G : Gs) validate_ortho_args(G, opt);
@@ -555,6 +594,11 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
               " tensors, got ", norms.size());
   TORCH_CHECK(prepared.empty() || prepared.size() == Gs.size(), "argument 'prepared': expected none or ", Gs.size(),
               " flags, got ", prepared.size());
+  TORCH_CHECK(updates.empty() || updates.size() == Gs.size(), "argument 'updates': expected none or ", Gs.size(),
+              ", got ", updates.size());
+  // A folded update writes the weights before the non-finite check below could refuse the step.
+  TORCH_CHECK(updates.empty() || opt.nonfinite != NonFinitePolicy::Error,
+              "argument 'updates': needs nonfinite=propagate (the update is written before the check)");
   if (Gs.empty()) return {};
   std::vector<FiniteCheck> finite;
   for (const auto& G : Gs) finite.push_back(finite_check(G, opt));
@@ -575,9 +619,10 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
                 "argument 'norms' [", i, "]: expected ", G3s.back().size(0), " fp32 norms on ", G.device());
     norm3s.push_back(n.reshape({-1, 1, 1}));
   }
-  auto out = orthogonalize_batches(G3s, opt, s, norm3s, std::nullopt, prepared);
+  auto out = orthogonalize_batches(G3s, opt, s, norm3s, std::nullopt, prepared, updates);
   for (const auto& f : finite) f.verify();
-  for (size_t i = 0; i < Gs.size(); ++i) out[i] = out[i].reshape(Gs[i].sizes());
+  for (size_t i = 0; i < Gs.size(); ++i)
+    if (out[i].defined()) out[i] = out[i].reshape(Gs[i].sizes());
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "orthopt/orthogonalize.h"
+#include "ortho/products.h"
 
 namespace orthopt::detail {
 
@@ -29,10 +30,15 @@ at::Tensor orthogonalize_in_compute_dtype(const at::Tensor& G, const OrthoOption
 // pass), used instead of a reduction over the input; they agree with it up to summation order.
 // prepared (empty, or one flag per input): where set, Gs[i] is its NS input already, the
 // scaled input in the compute dtype as stored (prepared_input_dtype), and norms[i] is ignored.
+// updates (empty, or one per input, null for none; opt.nonfinite must be Propagate): input i's
+// last product does Muon's update of updates[i]->weights (one per matrix, in Gs[i]'s layout)
+// where the GPU kernels take it, and its result is then undefined; a defined result means the
+// update was not done and is the caller's to do.
 std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at::Tensor>& Gs,
                                                             const OrthoOptions& opt,
                                                             const std::vector<at::Tensor>& norms = {},
-                                                            const std::vector<bool>& prepared = {});
+                                                            const std::vector<bool>& prepared = {},
+                                                            const std::vector<const FoldedUpdate*>& updates = {});
 
 // Where the NS input of matrices [rows, cols] on `like`'s device is the matrices as stored,
 // scaled (X / (‖X‖·safety + eps)) and rounded to a 16-bit compute dtype: wide or square ones,

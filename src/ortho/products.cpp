@@ -1,6 +1,7 @@
 #include "ortho/products.h"
 
 #ifdef ORTHOPT_WITH_CUDA
+#include "cuda/multi_tensor_cuda.h"
 #include "cuda/products_cuda.h"
 #endif
 
@@ -78,6 +79,31 @@ at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool
 #endif
   (void)transposed_result;
   return narrow(at::bmm(wide(A, p), wide(X, p)), p);
+}
+
+bool takes_update(const at::Tensor& X) {
+#ifdef ORTHOPT_WITH_CUDA
+  return use_kernels(X);
+#else
+  (void)X;
+  return false;
+#endif
+}
+
+void mm_update(const at::Tensor& A, const at::Tensor& X, bool transposed_result, const FoldedUpdate& u) {
+  TORCH_CHECK(takes_update(X), "mm_update: operands the GPU kernels do not take (check takes_update first)");
+#ifdef ORTHOPT_WITH_CUDA
+  // The layouts of mm(): (A·X)ᵀ = Xᵀ·Aᵀ written contiguous where X is kept transposed or a
+  // transposed result is asked for.
+  if (cuda::is_transposed_view(X) || (transposed_result && X.is_contiguous()))
+    cuda::update_by_product(X.transpose(1, 2), A.transpose(1, 2), u.weights, u.factor, u.lr, u.weight_decay, u.keep);
+  else
+    cuda::update_by_product(A, X, u.weights, u.factor, u.lr, u.weight_decay, u.keep);
+#else
+  (void)A;
+  (void)transposed_result;
+  (void)u;
+#endif
 }
 
 bool writes_result_dtype(const at::Tensor& X, at::ScalarType dtype) {

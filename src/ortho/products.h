@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 namespace orthopt::detail {
 
@@ -43,6 +44,22 @@ at::Tensor mm(const at::Tensor& A, const at::Tensor& X, const Precision& p, bool
 // path, dtype fp32), so that Newton–Schulz's last product can give the caller's dtype without a
 // cast pass after it.
 bool writes_result_dtype(const at::Tensor& X, at::ScalarType dtype);
+// Muon's decoupled update, offered to a batch's last NS product (mm_update): weights[b] ←
+// (1 − lr·weight_decay)·weights[b] − lr·factor·U[b] written by the product's epilogue, instead
+// of U written in the compute dtype and an update pass reading it back (the fused Muon step).
+struct FoldedUpdate {
+  std::vector<at::Tensor> weights;  // per matrix of the batch: fp32, contiguous, the result's shape
+  double factor = 1.0;              // the lr adjustment
+  at::Tensor lr;                    // 0-d fp64 on the device
+  double weight_decay = 0.0;
+  at::Tensor keep;  // the skip flag (0-d bool on the device), or undefined
+};
+// Whether mm_update() takes operands like X (the GPU kernels' path).
+bool takes_update(const at::Tensor& X);
+// The update u with U = A·X laid out as mm(A, X, p, transposed_result) lays it out (so the
+// weights hold matrices in that layout), in one product (cuda::update_by_product). Only where
+// takes_update(X).
+void mm_update(const at::Tensor& A, const at::Tensor& X, bool transposed_result, const FoldedUpdate& u);
 // Z ← Z + a·I (per batch entry), in place.
 void add_identity_(const at::Tensor& Z, double a, const Precision& p);
 

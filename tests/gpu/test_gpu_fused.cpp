@@ -152,6 +152,11 @@ std::vector<Spec> fused_specs() {
                  o.cautious_weight_decay = true;
                }});
   s.push_back({Algorithm::Lion, {vec(33), {64, 8}}, {at::kHalf, at::kHalf}, [](GroupOptions& o) { o.lr = 1e-4; }});
+  // Last, so that the groups above draw the random values they drew before it came: fp32
+  // params without master weights, plain decay. With a 16-bit NS the update is folded into the
+  // last NS product (wide, square and 3-D stacks; a tall bank Gram NS takes in its own layout).
+  s.push_back({Algorithm::Muon, {{128, 384}, {2, 128, 384}, {96, 96}, {1024, 256}}, {},
+               [](GroupOptions& o) { o.lr_adjust = orthopt::LrAdjust::RmsNorm; }});
   return s;
 }
 
@@ -709,6 +714,7 @@ TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
   specs.push_back({Algorithm::NorMuon, {{256, 512}, {2, 256, 512}, {512, 128}}, {}, nullptr});
   Optimizer one(make_groups(specs, 31, false));
   Optimizer two(make_groups(specs, 31, false));
+  setenv("ORTHOPT_FOLD_UPDATE", "0", 1);  // the two-pass input is never folded: compare the inputs alone
   for (int t = 0; t < 4; ++t) {
     fill_grads({&one, &two}, 300 + t);
     one.step();
@@ -718,6 +724,98 @@ TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
     const std::string diff = first_mismatch(one, two);
     ASSERT_EQ(diff, "") << "step " << t << ": one-pass and two-pass NS inputs differ at " << diff;
   }
+  unsetenv("ORTHOPT_FOLD_UPDATE");
+}
+
+// orthopt_gemm_update against a float64 reference: W ← (1 − lr·wd)·W − lr·factor·(A·X) for
+// plain and transposed operands (the layouts mm_update passes), more matrices than one setup
+// chunk (128), weights that are slices of one 3-D tensor; outputs are the weights themselves,
+// random, never zero. Bound: the fp32 accumulation over k bf16 products (≤ k·2⁻²⁴ of Σ|a·x|, far
+// below 1e-4 of the product's size) plus a few fp32 roundings of W (4·2⁻²⁴·|W|). A skipped step
+// (keep false) leaves W bit-identical.
+TEST_F(GpuFused, UpdateByProductMatchesFloat64) {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  auto gen = at::detail::createCPUGenerator(77);
+  struct Case {
+    int64_t batch, m, k, n;
+    bool a_t, x_t;
+  };
+  for (const Case c : {Case{3, 96, 128, 160, false, false}, Case{2, 200, 64, 64, true, true},
+                       Case{130, 16, 24, 40, false, false}, Case{4, 64, 96, 48, false, true}}) {
+    for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+      const std::string label = "batch " + std::to_string(c.batch) + " m " + std::to_string(c.m) + " k " +
+                                std::to_string(c.k) + " n " + std::to_string(c.n) + (c.a_t ? " Aᵀ" : "") +
+                                (c.x_t ? " Xᵀ" : "") + (dt == at::kHalf ? " fp16" : " bf16");
+      const at::Tensor A = c.a_t ? at::randn({c.batch, c.k, c.m}, gen).to(dt).cuda().transpose(1, 2)
+                                 : at::randn({c.batch, c.m, c.k}, gen).to(dt).cuda();
+      const at::Tensor X = c.x_t ? at::randn({c.batch, c.n, c.k}, gen).to(dt).cuda().transpose(1, 2)
+                                 : at::randn({c.batch, c.k, c.n}, gen).to(dt).cuda();
+      const at::Tensor W = at::randn({c.batch, c.m, c.n}, gen).cuda();
+      const at::Tensor W0 = W.clone();
+      std::vector<at::Tensor> weights;
+      for (int64_t b = 0; b < c.batch; ++b) weights.push_back(W[b]);
+      const double lr = 0.0173, factor = 1.37, wd = 0.1;
+      const at::Tensor lr_t = at::full({}, lr, cuda.dtype(at::kDouble));
+      orthopt::cuda::update_by_product(A, X, weights, factor, lr_t, wd, at::ones({}, cuda.dtype(at::kBool)));
+      const at::Tensor P = at::bmm(A.to(at::kDouble), X.to(at::kDouble));
+      const at::Tensor ref = (1.0 - lr * wd) * W0.to(at::kDouble) - lr * factor * P;
+      const at::Tensor err = (W.to(at::kDouble) - ref).abs();
+      const at::Tensor bound = 4.0 * std::ldexp(1.0, -24) * ref.abs() + 1e-4 * lr * factor * P.abs().max();
+      EXPECT_TRUE((err <= bound).all().item<bool>())
+          << label << ": worst error / bound " << (err / bound).max().item<double>();
+      const at::Tensor before = W.clone();
+      orthopt::cuda::update_by_product(A, X, weights, factor, lr_t, wd, at::zeros({}, cuda.dtype(at::kBool)));
+      EXPECT_TRUE(at::equal(W, before)) << label << ": a skipped step changed the weights";
+    }
+  }
+  // Argument errors name the argument and write nothing.
+  const at::Tensor A = at::randn({2, 8, 8}, cuda).to(at::kBFloat16), W = at::randn({2, 8, 8}, cuda);
+  const at::Tensor lr_t = at::full({}, 0.1, cuda.dtype(at::kDouble)), W0 = W.clone();
+  EXPECT_NE(error_of([&] { orthopt::cuda::update_by_product(A, A, {W[0]}, 1.0, lr_t, 0.0, at::Tensor()); })
+                .find("argument 'weights'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              orthopt::cuda::update_by_product(A, A, {W[0], W[1].to(at::kBFloat16)}, 1.0, lr_t, 0.0, at::Tensor());
+            }).find("argument 'weights' [1]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { orthopt::cuda::update_by_product(A, A.to(at::kHalf), {W[0], W[1]}, 1.0, lr_t, 0.0, {}); })
+                .find("arguments 'A', 'X'"),
+            std::string::npos);
+  EXPECT_TRUE(at::equal(W, W0));
+}
+
+// Muon with its update folded into the last NS product (default) against the same steps with
+// ORTHOPT_FOLD_UPDATE=0 (the direction written in bf16 and read back by the update kernel):
+// momenta bit-identical (1e-5 bound), parameters within 2⁻⁶ of their movement (the unfolded run
+// rounds each step's direction to bf16, 2⁻⁹ relative, over 4 steps; a wrong factor, decay or
+// layout gives O(1)), and not bit-identical: the fold was taken.
+TEST_F(GpuFused, FoldedUpdateMatchesUnfoldedUpToBf16Rounding) {
+  std::vector<Spec> specs;
+  specs.push_back({Algorithm::Muon, {{768, 768}, {256, 1024}, {3, 256, 1024}, {1024, 256}, {2, 1024, 256}}, {},
+                   [](GroupOptions& o) { o.nesterov = true; }});
+  specs.push_back({Algorithm::Muon, {{512, 512}, {128, 640}}, {}, [](GroupOptions& o) {
+                     o.lr_adjust = orthopt::LrAdjust::RmsNorm;
+                     o.weight_decay = 0.1;
+                   }});
+  Optimizer folded(make_groups(specs, 41, false));
+  Optimizer unfolded(make_groups(specs, 41, false));
+  const auto start = snapshot_params(unfolded);
+  const double lr_scales[] = {1.0, 0.6, 0.9, 0.4};
+  for (int t = 0; t < 4; ++t) {
+    folded.set_lr_scale(lr_scales[t]);
+    unfolded.set_lr_scale(lr_scales[t]);
+    fill_grads({&folded, &unfolded}, 400 + t);
+    folded.step();
+    setenv("ORTHOPT_FOLD_UPDATE", "0", 1);
+    unfolded.step();
+    unsetenv("ORTHOPT_FOLD_UPDATE");
+  }
+  std::string where;
+  const double worst = worst_ratio(folded, unfolded, start, std::ldexp(1.0, -6), &where);
+  std::printf("[ folded vs unfolded update ] worst difference / bound = %.3g at %s\n", worst, where.c_str());
+  EXPECT_LE(worst, 1.0) << "worst at " << where;
+  const auto a = snapshot_params(folded), b = snapshot_params(unfolded);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_FALSE(at::equal(a[k], b[k])) << "parameter " << k << ": not folded";
 }
 
 TEST_F(GpuFused, PredicateAndArgumentErrors) {
