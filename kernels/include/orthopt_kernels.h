@@ -117,6 +117,11 @@ orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_
  * for that while from the stream's memory pool (batch·m·n floats; where none is free, or
  * ORTHOPT_GEMM_UPDATE_TUNING=0, the heuristic's first choice is kept). */
 size_t orthopt_gemm_update_scratch_bytes(int64_t batch);
+/* Whether orthopt_gemm_update takes these addresses: every matrix (A + b·stride_a, X + b·stride_x
+ * in elements of dtype_bytes, weight[b]) at a multiple of 256 bytes, the alignment cuBLASLt's
+ * heuristic assumes and cannot check where pointer arrays hold the addresses. */
+int orthopt_gemm_update_aligned(int64_t batch, const void* A, int64_t stride_a, const void* X, int64_t stride_x,
+                                float* const* weight, int dtype_bytes);
 orthopt_status orthopt_gemm_update(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
                                    const void* A, int64_t stride_a, int a_transposed, const void* X,
                                    int64_t stride_x, int x_transposed, float* const* weight, double factor,

@@ -233,6 +233,12 @@ orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t b
 // ---- Muon's update folded into the last Newton–Schulz product (orthopt_gemm_update).
 
 constexpr int kUpdateWeights = 128;  // weight addresses per setup launch (kernel arguments: 1 KiB)
+// The alignment (bytes) every matrix address must have: cuBLASLt cannot check addresses that
+// pointer arrays hold, and its heuristic assumes 256 unless told less. (Forty-second session: a
+// racecheck run of the test holding a bank with 128-byte-aligned X slices hit a device fault
+// while candidates were timed; memcheck and plain runs were clean. This rule was added after,
+// without a GPU to run it on.)
+constexpr int kUpdateMinAlignment = 256;
 
 struct UpdateSetup {
   const char* x;  // our X (cuBLASLt's A) and A (its B), strided
@@ -261,6 +267,15 @@ __global__ void gemm_update_setup(const __grid_constant__ UpdateSetup s, const v
     alpha_beta[0] = skip ? 0.0f : -__double2float_rn(__dmul_rn(lr, s.factor));
     alpha_beta[1] = skip ? 1.0f : __double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, s.weight_decay)));
   }
+}
+
+// The largest power of two up to 256 that every matrix address of orthopt_gemm_update divides.
+int update_alignment(int64_t batch, const void* A, int64_t stride_a, const void* X, int64_t stride_x,
+                     float* const* weight, size_t elem) {
+  uintptr_t bits = 256 | reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(X);
+  if (batch > 1) bits |= static_cast<uintptr_t>(stride_a) * elem | static_cast<uintptr_t>(stride_x) * elem;
+  for (int64_t b = 0; b < batch; ++b) bits |= reinterpret_cast<uintptr_t>(weight[b]);
+  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit
 }
 
 orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k, const void* A,
@@ -349,6 +364,13 @@ orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, i
 
 using namespace orthopt_k;
 
+extern "C" int orthopt_gemm_update_aligned(int64_t batch, const void* A, int64_t stride_a, const void* X,
+                                           int64_t stride_x, float* const* weight, int dtype_bytes) {
+  if (batch < 1 || !weight) return 0;
+  return update_alignment(batch, A, stride_a, X, stride_x, weight, static_cast<size_t>(dtype_bytes)) >=
+         kUpdateMinAlignment;
+}
+
 extern "C" size_t orthopt_gemm_update_scratch_bytes(int64_t batch) {
   return batch < 1 ? 0 : static_cast<size_t>(3 * batch) * sizeof(void*) + 2 * sizeof(float);
 }
@@ -374,6 +396,11 @@ extern "C" orthopt_status orthopt_gemm_update(orthopt_dtype dtype, int64_t batch
   if (reinterpret_cast<uintptr_t>(scratch) % alignof(void*) != 0)
     return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm_update: argument 'scratch' must be %zu-byte aligned",
                 alignof(void*));
+  if (update_alignment(batch, A, stride_a, X, stride_x, weight, dtype == ORTHOPT_FP32 ? 4 : 2) < kUpdateMinAlignment)
+    return fail(ORTHOPT_ERR_INVALID,
+                "orthopt_gemm_update: arguments 'A', 'X', 'weight': every matrix must start at a multiple of %d "
+                "bytes (orthopt_gemm_update_aligned)",
+                kUpdateMinAlignment);
   return gemm_update_impl(dtype, batch, m, n, k, A, stride_a, a_transposed != 0, X, stride_x, x_transposed != 0,
                           weight, factor, lr, weight_decay, keep, scratch, stream);
 }

@@ -269,6 +269,16 @@ void update_by_product(const at::Tensor& A_in, const at::Tensor& X_in, const std
   }
   const bool a_t = is_transposed_view(A_in), x_t = is_transposed_view(X_in);
   const at::Tensor A = a_t ? A_in : A_in.contiguous(), X = x_t ? X_in : X_in.contiguous();
+  if (!orthopt_gemm_update_aligned(batch, A.data_ptr(), m * k, X.data_ptr(), k * n, w.data(), 2)) {
+    // A matrix off a 256-byte boundary (shapes whose sizes are not multiples of 64 or so): the
+    // product in A's dtype and the update pass, what the step does unfolded.
+    const at::Tensor D = gemm(A, X, 1.0, at::Tensor(), 0.0);
+    std::vector<at::Tensor> directions;
+    for (int64_t b = 0; b < batch; ++b) directions.push_back(D[b]);
+    update(weights, directions, std::vector<at::Tensor>(weights.size()), std::vector<double>(weights.size(), factor),
+           lr, weight_decay, /*cautious=*/false, keep);
+    return;
+  }
   const Launch launch(A.device(), keep, &lr, fn);
   const at::Tensor scratch =
       at::empty({static_cast<int64_t>(orthopt_gemm_update_scratch_bytes(batch))}, A.options().dtype(at::kByte));

@@ -54,7 +54,8 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
 // [B, m, k], X [B, k, n]: one 16-bit dtype, each contiguous or the transpose of a contiguous
 // tensor; weights: B fp32 contiguous tensors of m·n elements (row-major [m, n]) on A's device;
 // lr, keep as update(). The epilogue forms (1 − lr·wd)·W − (lr·factor)·acc from the product's fp32
-// accumulator, where update() rounds D to A's dtype first.
+// accumulator, where update() rounds D to A's dtype first. Where a matrix's address is not a
+// multiple of 256 bytes (orthopt_gemm_update_aligned), D is written in A's dtype and update() runs.
 void update_by_product(const at::Tensor& A, const at::Tensor& X, const std::vector<at::Tensor>& weights,
                        double factor, const at::Tensor& lr, double weight_decay, const at::Tensor& keep);
 

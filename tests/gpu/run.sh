@@ -41,10 +41,11 @@ if want sanitizer; then
             "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
         done
       fi
-      # The one-pass momentum and NS input (a cooperative kernel; its test holds its reference):
+      # The one-pass momentum and NS input (a cooperative kernel) and the folded update's setup
+      # kernel (their tests hold their references):
       # only the library's kernels (orthopt_k::) are checked, not ATen's in the fp64 reference.
       step compute-sanitizer --tool "$tool" --error-exitcode 3 --kernel-name kns=orthopt_k \
-        "$BUILD_DIR/tests/gpu/test_gpu_fused" --gtest_filter='*MomentumNsInput*'
+        "$BUILD_DIR/tests/gpu/test_gpu_fused" --gtest_filter='*MomentumNsInput*:*UpdateByProduct*'
     done
   else
     echo "!! compute-sanitizer not found"; status=1
