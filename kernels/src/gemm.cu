@@ -79,6 +79,12 @@ orthopt_status operand_layout(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttribu
   return make_layout(out, type, cols, rows, cols, batch, stride);
 }
 
+// Whether log_candidate() prints (ORTHOPT_GEMM_TUNING_LOG=1).
+bool tuning_log_on() {
+  const char* log = std::getenv("ORTHOPT_GEMM_TUNING_LOG");
+  return log && log[0] == '1';
+}
+
 // One line on stderr per timed candidate (ORTHOPT_GEMM_TUNING_LOG=1): which cuBLASLt
 // configuration the tuning saw for a shape, its best time and whether it was kept. A diagnostic
 // for profiles: nvjet kernel names do not say which product they serve or why.
@@ -219,7 +225,7 @@ orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t b
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if ((C != D || beta == 0.0f) && capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1) {
-      const bool log = std::getenv("ORTHOPT_GEMM_TUNING_LOG") && std::getenv("ORTHOPT_GEMM_TUNING_LOG")[0] == '1';
+      const bool log = tuning_log_on();
       ORTHOPT_STATUS_TRY(keep_fastest(plan, stream, run, [&](size_t u, const cublasLtMatmulAlgo_t& algo, float ms,
                                                              bool chosen) {
         if (log) log_candidate(batch, m, n, k, a_transposed, x_transposed, beta != 0.0f, u, algo, ms, chosen);
@@ -239,6 +245,7 @@ constexpr int kUpdateWeights = 128;  // weight addresses per setup launch (kerne
 // while candidates were timed; memcheck and plain runs were clean. This rule was added after,
 // without a GPU to run it on.)
 constexpr int kUpdateMinAlignment = 256;
+constexpr int64_t kOperandBytes = 2;  // A and X: bf16 or fp16 (valid_dtype)
 
 struct UpdateSetup {
   const char* x;  // our X (cuBLASLt's A) and A (its B), strided
@@ -252,7 +259,7 @@ struct UpdateSetup {
 };
 
 // The pointer arrays (X's, A's and the weights', `batch` each) and, in the first launch, {α, β}:
-// the decoupled update's constants as orthopt_multi_update's decay_consts rounds them.
+// −(lr·factor) and 1 − lr·wd as the update kernel rounds them (decay_consts).
 __global__ void gemm_update_setup(const __grid_constant__ UpdateSetup s, const void** arrays, float* alpha_beta) {
   const int64_t i = threadIdx.x;
   if (i < s.count) {
@@ -263,9 +270,9 @@ __global__ void gemm_update_setup(const __grid_constant__ UpdateSetup s, const v
   }
   if (s.first == 0 && i == 0) {
     const bool skip = s.keep != nullptr && *s.keep == 0;
-    const double lr = *s.lr;
-    alpha_beta[0] = skip ? 0.0f : -__double2float_rn(__dmul_rn(lr, s.factor));
-    alpha_beta[1] = skip ? 1.0f : __double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, s.weight_decay)));
+    const DecayConsts c = decay_consts(*s.lr, s.weight_decay, s.factor);
+    alpha_beta[0] = skip ? 0.0f : -c.step;
+    alpha_beta[1] = skip ? 1.0f : c.keep;
   }
 }
 
@@ -292,12 +299,11 @@ orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, i
                                       kPointerArray, device, a_transposed, x_transposed},
                               &plan));
   const void** arrays = static_cast<const void**>(scratch);  // X's, A's, then the weights' addresses
-  const size_t elem = dtype == ORTHOPT_FP32 ? 4 : 2;
   UpdateSetup s{};
   s.x = static_cast<const char*>(X);
   s.a = static_cast<const char*>(A);
-  s.x_stride_bytes = stride_x * static_cast<int64_t>(elem);
-  s.a_stride_bytes = stride_a * static_cast<int64_t>(elem);
+  s.x_stride_bytes = stride_x * kOperandBytes;
+  s.a_stride_bytes = stride_a * kOperandBytes;
   s.batch = batch;
   s.lr = lr;
   s.keep = keep;
@@ -344,7 +350,7 @@ orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, i
       orthopt_status st = cudaMemsetAsync(stand_in, 0, weight_bytes, stream) == cudaSuccess ? ORTHOPT_OK : ORTHOPT_ERR_CUDA;
       if (st == ORTHOPT_OK) st = setup(w.data(), on);
       if (st == ORTHOPT_OK) {
-        const bool log = std::getenv("ORTHOPT_GEMM_TUNING_LOG") && std::getenv("ORTHOPT_GEMM_TUNING_LOG")[0] == '1';
+        const bool log = tuning_log_on();
         st = keep_fastest(plan, stream, [&](const cublasLtMatmulAlgo_t& algo) { return run(algo, on); },
                           [&](size_t u, const cublasLtMatmulAlgo_t& algo, float ms, bool chosen) {
                             if (log) log_candidate(batch, m, n, k, a_transposed, x_transposed, true, u, algo, ms, chosen);
@@ -396,7 +402,7 @@ extern "C" orthopt_status orthopt_gemm_update(orthopt_dtype dtype, int64_t batch
   if (reinterpret_cast<uintptr_t>(scratch) % alignof(void*) != 0)
     return fail(ORTHOPT_ERR_INVALID, "orthopt_gemm_update: argument 'scratch' must be %zu-byte aligned",
                 alignof(void*));
-  if (update_alignment(batch, A, stride_a, X, stride_x, weight, dtype == ORTHOPT_FP32 ? 4 : 2) < kUpdateMinAlignment)
+  if (update_alignment(batch, A, stride_a, X, stride_x, weight, kOperandBytes) < kUpdateMinAlignment)
     return fail(ORTHOPT_ERR_INVALID,
                 "orthopt_gemm_update: arguments 'A', 'X', 'weight': every matrix must start at a multiple of %d "
                 "bytes (orthopt_gemm_update_aligned)",

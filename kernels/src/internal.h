@@ -56,6 +56,18 @@ inline cudaDataType_t cuda_type(orthopt_dtype t) {
 }
 inline bool valid_dtype(orthopt_dtype t) { return t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
 
+// The decoupled update's constants, rounded once from fp64: the update kernel
+// (orthopt_multi_update) and the update folded into a product (orthopt_gemm_update) take the
+// same fp32 values.
+struct DecayConsts {
+  float keep, decay, step;  // 1 − lr·wd, lr·wd, lr·factor
+};
+__device__ __forceinline__ DecayConsts decay_consts(double lr, double weight_decay, double factor) {
+  const double lr_wd = __dmul_rn(lr, weight_decay);
+  return {__double2float_rn(__dsub_rn(1.0, lr_wd)), __double2float_rn(lr_wd),
+          __double2float_rn(__dmul_rn(lr, factor))};
+}
+
 // The two implementations of orthopt_sym_abt (arguments already validated).
 // block: panel height of the block path (0: automatic).
 orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,

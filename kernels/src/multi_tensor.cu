@@ -163,15 +163,8 @@ struct Decay {
   int mode;  // 0: no decay (wd == 0), 1: W·(1 − lr·wd), 2: cautious
 };
 
-struct DecayConsts {
-  float keep, decay, step;  // 1 − lr·wd, lr·wd, lr·factor
-};
-
 __device__ __forceinline__ DecayConsts decay_consts(const Decay& a, double factor) {
-  const double lr = *a.lr;
-  const double lr_wd = __dmul_rn(lr, a.weight_decay);
-  return {__double2float_rn(__dsub_rn(1.0, lr_wd)), __double2float_rn(lr_wd),
-          __double2float_rn(__dmul_rn(lr, factor))};
+  return orthopt_k::decay_consts(*a.lr, a.weight_decay, factor);
 }
 
 // Reference: W·(1 − lr·wd) or, cautious, W − (W·mask)·(lr·wd) with mask = (W·D >= 0); then

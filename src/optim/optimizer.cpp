@@ -1223,13 +1223,9 @@ class OptimizerImpl {
     std::vector<at::Tensor> ns;
     if (o.ortho.split_sizes.empty())
       ns = detail::orthogonalize_many_in_compute_dtype(stacks, ortho, norms, prepared, fold_of);
-    std::vector<bool> updated(idx.size(), false);  // params whose update the NS products did
     for (size_t k = 0; k < bks.size(); ++k) {
       const Bank& b = bks[k];
-      if (!ns.empty() && !ns[k].defined()) {
-        for (size_t pos : b.positions) updated[pos] = true;
-        continue;
-      }
+      if (!ns.empty() && !ns[k].defined()) continue;  // updated by the NS products: outs stay undefined
       // Tall matrices may come back as transposed views and the update kernel reads D
       // contiguously: one copy per bank (a no-op for wide ones and, on the GPU kernels' path, for
       // tall ones through Gram NS), for Muon and NorMuon by the transpose kernel in the compute
@@ -1286,7 +1282,7 @@ class OptimizerImpl {
     }
     UpdateLists l;
     for (size_t j = 0; j < idx.size(); ++j)
-      if (!updated[j]) add(l, idx[j], outs[j]);
+      if (outs[j].defined()) add(l, idx[j], outs[j]);  // undefined: the NS products did the update
     if (!l.weights.empty())
       cuda::update(l.weights, l.directions, l.copies, l.factors, lr, o.weight_decay, o.cautious_weight_decay,
                    keep_flag());
