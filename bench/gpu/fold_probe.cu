@@ -31,22 +31,6 @@ namespace {
     }                                                                            \
   } while (0)
 
-__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xFFFFFF) / 16777216.0f - 0.5f) * scale);
-  }
-}
-
-__global__ void fill_f32(float* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = (h & 0xFFFFFF) / 16777216.0f - 0.5f;
-  }
-}
-
 // Today's update pass, as a stand-in with the same traffic: W ← β·W + α·float(U), 16-byte loads.
 __global__ void update(float* const* W, const __nv_bfloat16* U, size_t per, int batch, const float* ab) {
   const float alpha = ab[0], beta = ab[1];
@@ -118,11 +102,7 @@ Product make(cublasLtHandle_t lt, int batch, int64_t m, int64_t n, cudaDataType_
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("fold_probe: no CUDA device\n");
-    return 77;
-  }
+  require_device("fold_probe");
   cublasLtHandle_t lt;
   LT(cublasLtCreate(&lt));
   const size_t workspace = size_t(32) << 20;
@@ -148,9 +128,9 @@ int main() {
     CK(cudaMalloc(&X, per * s.batch * 2));
     CK(cudaMalloc(&U, per * s.batch * 2));
     CK(cudaMalloc(&Wstack, per * s.batch * 4));
-    fill_bf16<<<1024, 256>>>(Q, q_per * s.batch, 1, 0.05f);
-    fill_bf16<<<1024, 256>>>(X, per * s.batch, 2, 1.0f);
-    fill_f32<<<1024, 256>>>(Wstack, per * s.batch, 3);
+    fill_uniform<<<1024, 256>>>(Q, q_per * s.batch, 1, 0.05f);
+    fill_uniform<<<1024, 256>>>(X, per * s.batch, 2, 1.0f);
+    fill_uniform<<<1024, 256>>>(Wstack, per * s.batch, 3, 1.0f);
     // Separate weights (as separate parameters are), in reverse order so no stride links them.
     std::vector<float*> W(s.batch);
     for (int i = s.batch - 1; i >= 0; --i) CK(cudaMalloc(&W[i], per * 4));

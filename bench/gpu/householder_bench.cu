@@ -14,14 +14,6 @@
 
 namespace {
 
-__global__ void fill(float* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = (h & 0xFFFFFF) / 16777216.0f - 0.5f;
-  }
-}
-
 double panel_median_ms(int64_t batch, int64_t rows, int64_t cols, const float* A, float* V) {
   return median_ms([&] { CK(orthopt_householder_panel(batch, rows, cols, A, 32, rows * 32, V, 32, rows * 32, nullptr)); });
 }
@@ -29,11 +21,7 @@ double panel_median_ms(int64_t batch, int64_t rows, int64_t cols, const float* A
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("householder_bench: no CUDA device\n");
-    return 77;
-  }
+  require_device("householder_bench");
   struct Shape { int64_t batch, rows; const char* what; };
   const std::vector<Shape> shapes = {{12, 768, "GPT-2 768-row P"},   {12, 3072, "GPT-2 3072-row P"},
                                      {88, 2048, "Llama 2048-row P"}, {22, 2048, "Llama 2048-row P (22)"},
@@ -43,7 +31,7 @@ int main() {
   float *A = nullptr, *V = nullptr;
   CK(cudaMalloc(&A, most * sizeof(float)));
   CK(cudaMalloc(&V, most * sizeof(float)));
-  fill<<<1024, 256>>>(A, most, 7);
+  fill_uniform<<<1024, 256>>>(A, most, 7, 1.0f);
   CK(cudaDeviceSynchronize());
   std::printf("| panels | width | waves | ms | ms, 4 columns fewer | us per column (the last 4) |\n");
   std::printf("|---|---|---|---|---|---|\n");

@@ -19,14 +19,6 @@
 
 namespace {
 
-__global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2bfloat16_rn(scale * ((h & 0xFFFFFF) / 16777216.0f - 0.5f));
-  }
-}
-
 // Median ms of each function, timed round-robin: after every function's warm-up, round r times
 // each function once, starting at function r mod n. Clock and thermal drift over a shape's
 // sequence, and the place in it, then fall on all of them alike: timed one after another, the
@@ -91,10 +83,10 @@ struct Operands {
     const size_t na = s.batch * s.m * s.k, nd = s.batch * s.m * s.m;
     CK(cudaMalloc(&A, na * 2));
     CK(cudaMalloc(&D, nd * 2));
-    fill<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
+    fill_uniform<<<1024, 256>>>(A, na, 17u, 2.0f / std::sqrt(static_cast<float>(s.k)));
     if (with_c) {
       CK(cudaMalloc(&C, nd * 2));
-      fill<<<1024, 256>>>(C, nd, 29u, 1.0f);
+      fill_uniform<<<1024, 256>>>(C, nd, 29u, 1.0f);
     }
     CK(cudaGetLastError());
   }
@@ -327,10 +319,10 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&A, r.batch * r.m * r.k * 2));
     CK(cudaMalloc(&X, r.batch * r.k * r.n * 2));
     CK(cudaMalloc(&D, r.batch * r.m * r.n * 2));
-    fill<<<1024, 256>>>(A, r.batch * r.m * r.k, 5u, 0.05f);
-    fill<<<1024, 256>>>(X, r.batch * r.k * r.n, 9u, 1.0f);
-    fill<<<1024, 256>>>(D, r.batch * r.m * r.n, 3u, 1.0f);
-    fill<<<1024, 256>>>(C, r.batch * r.m * r.n, 4u, 1.0f);
+    fill_uniform<<<1024, 256>>>(A, r.batch * r.m * r.k, 5u, 0.05f);
+    fill_uniform<<<1024, 256>>>(X, r.batch * r.k * r.n, 9u, 1.0f);
+    fill_uniform<<<1024, 256>>>(D, r.batch * r.m * r.n, 3u, 1.0f);
+    fill_uniform<<<1024, 256>>>(C, r.batch * r.m * r.n, 4u, 1.0f);
     const float one = 1.0f;
     auto peer = [&] {
       CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, r.n, r.m, r.k, &one, X, CUDA_R_16BF, r.n,

@@ -192,7 +192,8 @@ orthopt_status orthopt_side_stream(int index, cudaStream_t* out);
  *   ORTHOPT_ROW_SUMSQ_OUT: Σ_c out[r, c]² over the output's stored values (the squared
  *     Frobenius norm of a Newton–Schulz input is the sum over its rows; out may be NULL).
  * fp32 accumulation in a fixed order (one warp per row): deterministic. A skipped step writes
- * no momentum and no output; the statistics are the unchanged M's L1 norms, or 0. */
+ * no momentum, zeros as out (a finite NS input: see orthopt_gemm_update), and as statistics the
+ * unchanged M's L1 norms, or 0. */
 typedef enum { ORTHOPT_ROW_L1_MOMENTUM = 0, ORTHOPT_ROW_SUMSQ_OUT = 1 } orthopt_row_stat;
 orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, int64_t cols,
                                            void* const* momentum, orthopt_dtype momentum_dtype,

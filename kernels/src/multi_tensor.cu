@@ -292,8 +292,10 @@ __device__ __forceinline__ float momentum_row(void* M, const void* G, int64_t ro
 }
 
 // roles: 0 momentum (read, written), 1 gradient, 2 output (written; NULL: none), 3 statistics
-// (fp32, one per row, written). Skipped step: nothing but the statistics is written; they are
-// the L1 norms of the unchanged M, or 0 for the output's sum of squares (no output written).
+// (fp32, one per row, written). Skipped step: M is not written; the statistics are the L1 norms
+// of the unchanged M, or 0 for the output's sum of squares, and the output is zeros, so that
+// the NS input is finite and a product that folds the update in (orthopt_gemm_update, α = 0,
+// β = 1 on a skipped step) leaves the weights as they were, as the one-pass kernel's zeros do.
 __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_constant__ Table<4> t,
                                                                  const MomentumRowsArgs a) {
   const MomentumArgs& p = a.momentum;
@@ -313,7 +315,9 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
       [&](int64_t c, float o) {
         if (out) store(out, row_start + c, p.out_dtype, o);
       },
-      [](int64_t) {});
+      [&](int64_t c) {
+        if (out) store(out, row_start + c, p.out_dtype, 0.0f);
+      });
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.

@@ -25,7 +25,8 @@ bool multi_tensor_handles(const at::Tensor& t);
 // none), over rows of `cols` (orthopt_multi_momentum_rows), with one statistic per row written
 // to stats[i] (fp32, one per row of momenta[i]; deterministic): the L1 norm of M_new (Dion3's
 // selection scores; no outputs), or the sum of squares of the output (the NS input's squared
-// norm, summed over its rows). A skipped step writes the unchanged M's L1 norms, or zeros.
+// norm, summed over its rows). A skipped step writes the unchanged M's L1 norms, or zeros (and
+// zeros as outs).
 enum class RowStat { L1OfMomentum, SumSqOfOutput };
 void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
                    const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& stats, int64_t cols, double mu,
@@ -41,9 +42,8 @@ at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq);
 // A/B timings, and the tests' comparison with the two-pass form).
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols);
 // momentum_rows(SumSqOfOutput) into an fp32 stack, norms_from_row_sumsq and the scaled cast
-// of that stack to `out`'s dtype, in one kernel (orthopt_momentum_ns_input), bit for bit, but
-// for a skipped step, which writes zeros as `out` (the two-pass form leaves its stack as it
-// was). out: contiguous [B, rows, cols] CUDA bf16/fp16, one matrix per momentum; momenta and
+// of that stack to `out`'s dtype, in one kernel (orthopt_momentum_ns_input), bit for bit (a
+// skipped step: zeros as `out` in both forms). out: contiguous [B, rows, cols] CUDA bf16/fp16, one matrix per momentum; momenta and
 // grads: contiguous, rows·cols elements each, one dtype per list.
 void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
                        const at::Tensor& out, double mu, double grad_weight, bool nesterov, double safety,

@@ -1193,10 +1193,12 @@ class OptimizerImpl {
     // Without split_sizes every bank in one call: the Gram NS of banks with the same m (after
     // orientation) iterates as one batch (detail::orthogonalize_many_in_compute_dtype).
     // Muon's update folded into the last NS product (detail::FoldedUpdate: the epilogue writes
-    // the weights, no direction written and read back by the update kernel) for banks whose NS
-    // input came prepared (zeros on a skipped step, so the product is finite and the skip's
-    // α = 0, β = 1 leaves the weights as they were) and whose params are their own fp32 weights
-    // (no master copy), with plain decoupled decay. Banks the products do not take come back
+    // the weights, no direction written and read back by the update kernel) for banks whose
+    // params are their own fp32 weights (no master copy), with plain decoupled decay. A skipped
+    // step must leave the weights as they were through α = 0, β = 1, so the product must be
+    // finite: both momentum kernels write zeros as the NS input then, which the prepared input
+    // keeps and the two-pass form's scaled cast keeps where eps > 0 (0 / (0 + eps); with eps = 0
+    // it would be NaN, so those banks are not folded). Banks the products do not take come back
     // with a result and are updated below. ORTHOPT_FOLD_UPDATE=0 turns it off (A/B timings).
     std::vector<detail::FoldedUpdate> folds(bks.size());
     std::vector<const detail::FoldedUpdate*> fold_of(bks.size(), nullptr);
@@ -1207,7 +1209,7 @@ class OptimizerImpl {
           const at::Tensor& p = params[i];
           return p.scalar_type() == at::kFloat && p.is_contiguous() && !uses_master(p, o);
         });
-        if (!prepared[k] || !own_fp32) continue;
+        if (!own_fp32 || (!prepared[k] && !(schedule.eps > 0))) continue;
         detail::FoldedUpdate& u = folds[k];
         for (size_t i : b.params) {
           const at::Tensor w3 = params[i].detach().view({-1, b.rows, b.cols});

@@ -794,9 +794,22 @@ TEST_F(GpuFused, UpdateByProductMatchesFloat64) {
 // Muon with its update folded into the last NS product (default) against the same steps with
 // ORTHOPT_FOLD_UPDATE=0 (the direction written in bf16 and read back by the update kernel):
 // momenta bit-identical (1e-5 bound), parameters within 2⁻⁶ of their movement (the unfolded run
-// rounds each step's direction to bf16, 2⁻⁹ relative, over 4 steps; a wrong factor, decay or
-// layout gives O(1)), and not bit-identical: the fold was taken.
-TEST_F(GpuFused, FoldedUpdateMatchesUnfoldedUpToBf16Rounding) {
+// rounds each step's direction to bf16, 2⁻⁹ relative, over 4 applied steps; a wrong factor,
+// decay or layout gives O(1)), and not bit-identical: the fold was taken. Step 2 is skipped
+// with NaN gradients: both runs keep their parameters bit for bit (the fold's α = 0, β = 1 on a
+// finite product). `two_pass`: the NS input from momentum_rows and the scaled cast
+// (ORTHOPT_FUSED_NS_INPUT=0, as for banks the one-pass kernel does not fit, e.g. Llama's
+// 2048×5632), whose stack a skipped step fills with zeros.
+void check_folded_against_unfolded(bool two_pass) {
+  struct Env {  // set for the scope, for both runs
+    bool on;
+    explicit Env(bool on_) : on(on_) {
+      if (on) setenv("ORTHOPT_FUSED_NS_INPUT", "0", 1);
+    }
+    ~Env() {
+      if (on) unsetenv("ORTHOPT_FUSED_NS_INPUT");
+    }
+  } env(two_pass);
   std::vector<Spec> specs;
   specs.push_back({Algorithm::Muon, {{768, 768}, {256, 1024}, {3, 256, 1024}, {1024, 256}, {2, 1024, 256}}, {},
                    [](GroupOptions& o) { o.nesterov = true; }});
@@ -806,24 +819,41 @@ TEST_F(GpuFused, FoldedUpdateMatchesUnfoldedUpToBf16Rounding) {
                    }});
   Optimizer folded(make_groups(specs, 41, false));
   Optimizer unfolded(make_groups(specs, 41, false));
+  auto one = at::ones({}, at::kFloat), zero = at::zeros({}, at::kFloat);
   const auto start = snapshot_params(unfolded);
-  const double lr_scales[] = {1.0, 0.6, 0.9, 0.4};
-  for (int t = 0; t < 4; ++t) {
-    folded.set_lr_scale(lr_scales[t]);
-    unfolded.set_lr_scale(lr_scales[t]);
-    fill_grads({&folded, &unfolded}, 400 + t);
+  const double lr_scales[] = {1.0, 0.6, 0.9, 0.9, 0.4};
+  for (int t = 0; t < 5; ++t) {
+    const bool skip = t == 2;
+    const auto before = snapshot_params(folded), before_unfolded = snapshot_params(unfolded);
+    for (Optimizer* o : {&folded, &unfolded}) {
+      o->set_lr_scale(lr_scales[t]);
+      o->set_skip_factor(skip ? zero : one);
+    }
+    fill_grads({&folded, &unfolded}, 400 + t, /*nan=*/skip);
     folded.step();
     setenv("ORTHOPT_FOLD_UPDATE", "0", 1);
     unfolded.step();
     unsetenv("ORTHOPT_FOLD_UPDATE");
+    if (skip) {
+      const auto after = snapshot_params(folded), after_unfolded = snapshot_params(unfolded);
+      for (size_t k = 0; k < after.size(); ++k) {
+        EXPECT_TRUE(at::equal(after[k], before[k])) << "folded, skipped step: parameter " << k << " changed";
+        EXPECT_TRUE(at::equal(after_unfolded[k], before_unfolded[k])) << "unfolded, skipped step: parameter " << k;
+      }
+    }
   }
   std::string where;
   const double worst = worst_ratio(folded, unfolded, start, std::ldexp(1.0, -6), &where);
-  std::printf("[ folded vs unfolded update ] worst difference / bound = %.3g at %s\n", worst, where.c_str());
+  std::printf("[ folded vs unfolded update%s ] worst difference / bound = %.3g at %s\n",
+              two_pass ? ", two-pass NS input" : "", worst, where.c_str());
   EXPECT_LE(worst, 1.0) << "worst at " << where;
   const auto a = snapshot_params(folded), b = snapshot_params(unfolded);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_FALSE(at::equal(a[k], b[k])) << "parameter " << k << ": not folded";
 }
+
+TEST_F(GpuFused, FoldedUpdateMatchesUnfoldedUpToBf16Rounding) { check_folded_against_unfolded(false); }
+
+TEST_F(GpuFused, FoldedUpdateOfTwoPassNsInputMatchesUnfolded) { check_folded_against_unfolded(true); }
 
 TEST_F(GpuFused, PredicateAndArgumentErrors) {
   using orthopt::cuda::multi_tensor_handles;
