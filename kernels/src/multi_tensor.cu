@@ -78,6 +78,14 @@ __device__ __forceinline__ float rounded(float v, orthopt_dtype dt) {
 
 __device__ __forceinline__ bool skipped(const uint8_t* keep) { return keep != nullptr && *keep == 0; }
 
+// Sum over the warp's 32 lanes by a butterfly in a fixed order (deterministic); every lane gets
+// the total.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 // ---- packs: kVec consecutive elements e .. e + kVec − 1 of a tensor, as fp32.
 
 using Pack = float[kVec];
@@ -318,8 +326,7 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
       [&](int64_t c) {
         if (out) store(out, row_start + c, p.out_dtype, 0.0f);
       });
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  sum = warp_sum(sum);
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
   if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, p.momentum_dtype) : sum;
 }
@@ -421,8 +428,7 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
       float sum = momentum_row<kNsIlp>(
           M, G, row_start, cols, lane, p, skip, /*l1=*/false, ORTHOPT_FP32, [&](int64_t c, float o) { urow[c] = o; },
           [&](int64_t c) { urow[c] = 0.0f; });
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+      sum = warp_sum(sum);
       if (lane == 0) a.row_sumsq[static_cast<int64_t>(first) * rows + gr] = sum;
     }
     __threadfence();  // the row sums, device-wide, before this block counts itself in
@@ -735,8 +741,7 @@ __global__ void __launch_bounds__(kThreads) row_sumsq_kernel(const void* u, orth
 #pragma unroll
       for (int q = 0; q < kVec; ++q) sum = __fadd_rn(sum, __fmul_rn(x[r][q], x[r][q]));
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  sum = warp_sum(sum);
   if (lane == 0) out[row] = sum;
 }
 
@@ -752,8 +757,7 @@ struct NorMuonArgs {
 // Sum of v over the block (kThreads threads) in a fixed order: each warp's butterfly, then the
 // warps in order; every thread gets the total. `shared`: kThreads / 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* shared) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  v = warp_sum(v);
   if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
   __syncthreads();
   float total = 0.0f;
