@@ -33,19 +33,32 @@ want kernel_check && step "$BUILD_DIR/gpu/orthopt_kernel_check"
 if want sanitizer; then
   if command -v compute-sanitizer >/dev/null; then
     for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+      # racecheck on the library's kernels only: with cuBLAS 13 (torch 2.11) it reports hazards
+      # inside cuBLAS's own nvjet_sm90 kernels (TMA/mbarrier pipelines it does not model; 24
+      # reports in 168 checks, forty-third session), which are not ours to fix. memcheck checks
+      # every kernel, cuBLAS's included (our pointers and sizes go into them).
+      only_ours=()
+      [ "$tool" = racecheck ] && only_ours=(--kernel-name kns=orthopt_k)
       if [ -z "${SANITIZER_SYM_PATHS:-}" ]; then
-        step compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
+        step compute-sanitizer --tool "$tool" --error-exitcode 3 "${only_ours[@]}" \
+          "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
       else
         for path in $SANITIZER_SYM_PATHS; do
-          step env KERNEL_CHECK_SYM_PATH="$path" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+          step env KERNEL_CHECK_SYM_PATH="$path" compute-sanitizer --tool "$tool" --error-exitcode 3 "${only_ours[@]}" \
             "$BUILD_DIR/gpu/orthopt_kernel_check" --quick
         done
       fi
       # The one-pass momentum and NS input (a cooperative kernel) and the folded update's setup
       # kernel (their tests hold their references):
       # only the library's kernels (orthopt_k::) are checked, not ATen's in the fp64 reference.
+      # Not *UpdateByProduct* under racecheck: racecheck 2025.3 fails on cuBLASLt's pointer-array
+      # products themselves ("failed to handle a hardware exception", also with --kernel-name
+      # matching no kernel at all; forty-third session), while memcheck, with every kernel
+      # checked, is clean on them. The setup kernel has no shared memory, so no race to find.
+      filter='*MomentumNsInput*:*UpdateByProduct*'
+      [ "$tool" = racecheck ] && filter='*MomentumNsInput*'
       step compute-sanitizer --tool "$tool" --error-exitcode 3 --kernel-name kns=orthopt_k \
-        "$BUILD_DIR/tests/gpu/test_gpu_fused" --gtest_filter='*MomentumNsInput*:*UpdateByProduct*'
+        "$BUILD_DIR/tests/gpu/test_gpu_fused" --gtest_filter="$filter"
     done
   else
     echo "!! compute-sanitizer not found"; status=1
