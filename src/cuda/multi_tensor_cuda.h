@@ -43,8 +43,9 @@ at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq);
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols);
 // momentum_rows(SumSqOfOutput) into an fp32 stack, norms_from_row_sumsq and the scaled cast
 // of that stack to `out`'s dtype, in one kernel (orthopt_momentum_ns_input), bit for bit (a
-// skipped step: zeros as `out` in both forms). out: contiguous [B, rows, cols] CUDA bf16/fp16, one matrix per momentum; momenta and
-// grads: contiguous, rows·cols elements each, one dtype per list.
+// skipped step: zeros as `out` in both forms). out: contiguous [B, rows, cols] CUDA bf16/fp16,
+// one matrix per momentum; momenta and grads: contiguous, rows·cols elements each, one dtype
+// per list.
 void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
                        const at::Tensor& out, double mu, double grad_weight, bool nesterov, double safety,
                        double eps, const at::Tensor& keep);
