@@ -1,6 +1,6 @@
-// Shared by the kernel tools (nvcc-compiled .cu files): CK(call), the check of a CUDA or orthopt
-// call (0 is success), which prints the error code, where, and orthopt_last_error(), and exits;
-// require_device; fill_uniform; median_ms.
+// Shared by the kernel tools (nvcc-compiled .cu files): CK(call), the check of a CUDA,
+// cuBLAS(Lt) or orthopt call (0 is success), which prints the error code, where, and
+// orthopt_last_error(), and exits; require_device; fill_uniform; median_ms.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

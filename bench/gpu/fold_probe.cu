@@ -22,15 +22,6 @@
 
 namespace {
 
-#define LT(x)                                                                    \
-  do {                                                                           \
-    cublasStatus_t s_ = (x);                                                     \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
-      std::printf("cuBLASLt status %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
-
 // Today's update pass, as a stand-in with the same traffic: W ← β·W + α·float(U), 16-byte loads.
 __global__ void update(float* const* W, const __nv_bfloat16* U, size_t per, int batch, const float* ab) {
   const float alpha = ab[0], beta = ab[1];
@@ -65,29 +56,29 @@ struct Product {
 Product make(cublasLtHandle_t lt, int batch, int64_t m, int64_t n, cudaDataType_t out, bool pointer_array,
              bool device_scalars, size_t workspace) {
   Product p;
-  LT(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (device_scalars) {
     const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
-    LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
+    CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
   }
   const int32_t count = batch;
   const uint32_t batch_mode = pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
   auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, int64_t rows, int64_t cols) {
-    LT(cublasLtMatrixLayoutCreate(l, t, rows, cols, rows));
-    LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    CK(cublasLtMatrixLayoutCreate(l, t, rows, cols, rows));
+    CK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
     if (pointer_array) {
-      LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &batch_mode, sizeof(batch_mode)));
+      CK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &batch_mode, sizeof(batch_mode)));
     } else {
       const int64_t stride = rows * cols;
-      LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      CK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
     }
   };
   layout(&p.a, CUDA_R_16BF, n, m);  // Xᵀ
   layout(&p.b, CUDA_R_16BF, m, m);  // Qᵀ
   layout(&p.c, out, n, m);          // Dᵀ (C = D)
   cublasLtMatmulPreference_t pref;
-  LT(cublasLtMatmulPreferenceCreate(&pref));
-  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+  CK(cublasLtMatmulPreferenceCreate(&pref));
+  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                           sizeof(workspace)));
   cublasLtMatmulHeuristicResult_t r[8] = {};
   int found = 0;
@@ -104,7 +95,7 @@ Product make(cublasLtHandle_t lt, int batch, int64_t m, int64_t n, cudaDataType_
 int main() {
   require_device("fold_probe");
   cublasLtHandle_t lt;
-  LT(cublasLtCreate(&lt));
+  CK(cublasLtCreate(&lt));
   const size_t workspace = size_t(32) << 20;
   void* ws = nullptr;
   CK(cudaMalloc(&ws, workspace));
@@ -158,7 +149,7 @@ int main() {
       double t = -1;
       for (const auto& algo : p.algos) {
         auto run = [&] {
-          LT(cublasLtMatmul(lt, p.op, alpha, a, p.a, b, p.b, beta, c, p.c, d, p.c, &algo, ws, workspace, nullptr));
+          CK(cublasLtMatmul(lt, p.op, alpha, a, p.a, b, p.b, beta, c, p.c, d, p.c, &algo, ws, workspace, nullptr));
         };
         if (cublasLtMatmul(lt, p.op, alpha, a, p.a, b, p.b, beta, c, p.c, d, p.c, &algo, ws, workspace, nullptr) !=
             CUBLAS_STATUS_SUCCESS)
@@ -192,12 +183,12 @@ int main() {
       for (int i = 0; i < s.batch; ++i) CK(cudaMemcpy(W[i], Wstack + per * i, per * 4, cudaMemcpyDeviceToDevice));
       std::vector<float> w0(per);
       CK(cudaMemcpy(w0.data(), W[0], per * 4, cudaMemcpyDeviceToHost));
-      LT(cublasLtMatmul(lt, fp.op, ab, dx, fp.a, dq, fp.b, ab + 1, dw, fp.c, dw, fp.c, &fp.algos[0], ws, workspace,
+      CK(cublasLtMatmul(lt, fp.op, ab, dx, fp.a, dq, fp.b, ab + 1, dw, fp.c, dw, fp.c, &fp.algos[0], ws, workspace,
                         nullptr));
       std::vector<float> folded(per), two(per);
       CK(cudaMemcpy(folded.data(), W[0], per * 4, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(W[0], w0.data(), per * 4, cudaMemcpyHostToDevice));
-      LT(cublasLtMatmul(lt, bf.op, d_one_zero, X, bf.a, Q, bf.b, d_one_zero + 1, U, bf.c, U, bf.c, &bf.algos[0], ws,
+      CK(cublasLtMatmul(lt, bf.op, d_one_zero, X, bf.a, Q, bf.b, d_one_zero + 1, U, bf.c, U, bf.c, &bf.algos[0], ws,
                         workspace, nullptr));
       update<<<132 * 8, 256>>>(reinterpret_cast<float* const*>(dw), U, per, 1, ab);
       CK(cudaMemcpy(two.data(), W[0], per * 4, cudaMemcpyDeviceToHost));

@@ -37,9 +37,8 @@ at::Tensor standard_ns(at::Tensor X, const Schedule& s, int steps, const Precisi
   for (int t = 0; t < steps; ++t) {
     const auto& [a, b, c] = s.at_step(t);
     auto A = detail::gram_product(X, p);  // X·Xᵀ
-    const bool wide_result = result_dtype && *result_dtype != X.scalar_type() &&
-                             detail::writes_result_dtype(X, *result_dtype);
-    if (t + 1 == steps && (wide_result || update)) {
+    if (t + 1 == steps && (update || (result_dtype && *result_dtype != X.scalar_type() &&
+                                      detail::writes_result_dtype(X, *result_dtype)))) {
       // The last step as (a·I + b·A + c·A·A)·X, a·I fused into the symmetric product's diagonal:
       // one product writing the caller's dtype (fp32) instead of a·X + B·X in the compute dtype
       // and a cast pass over the result after it, or one product doing the update.
@@ -260,8 +259,6 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
                                               std::optional<at::ScalarType> result_dtype = std::nullopt,
                                               const std::vector<bool>& prepared = {},
                                               const std::vector<const detail::FoldedUpdate*>& updates = {}) {
-  TORCH_CHECK(updates.empty() || updates.size() == G3s.size(), "argument 'updates': expected none or ", G3s.size(),
-              ", got ", updates.size());
   std::vector<at::Tensor> X(G3s.size());
   std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
   std::vector<size_t> standard;
