@@ -5,10 +5,10 @@
 // (its FLOPs with symmetric products at half cost, at --peak-tflops) and our fraction of it.
 // It also times, in the same rounds, one dense product of the shape's largest NS product
 // ([B,m,m]·[B,m,n], the peer's dtype) and gives the "run floor": the method's floor FLOPs at
-// that product's rate. Under sustained load an H200 sits at its power cap, where cuBLAS's dense
-// bf16 rate falls from ≈ 762 TFLOP/s after idle to ≈ 672 (bench/gpu/energy_floor.py,
-// 2026-12-02): the peak floor then assumes a rate cuBLAS itself does not reach, the run floor
-// takes the rate of the board's state in the same rounds.
+// that product's rate. Under sustained load the board sits at its power cap, where cuBLAS's dense
+// bf16 rate falls below its rate after idle (bench/results/2026-12-02-h200-sustained-floor.md,
+// lab/probes/energy_floor.py): the peak floor then assumes a rate cuBLAS itself does not reach,
+// the run floor takes the rate of the board's state in the same rounds.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>

@@ -7,7 +7,7 @@ The dion package is not part of orthopt and is not vendored: pass a checkout of 
 
     PYTHONPATH=build-gpu/python python3 bench/gpu/dion_peers.py --dion PATH [--ns] [--step]
 
-NS: the five target shapes of issue 5, fp32 input, 5 steps of dion's fixed quintic triples (our
+NS: the five NS target shapes (docs/performance.md), fp32 input, 5 steps of dion's fixed quintic triples (our
 schedule `you` has the same triples, so both sides do the same math); each contender's relative
 error against the same iteration in float64 (written out below) is printed beside its time.
 Step: performance.md's GPT-2 124M and Llama 1.26B sets (bench/gpu/step_peers.py), matrices to the
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_peers import param_set, round_robin_ms  # noqa: E402  (one definition of the sets and the timing)
 
 NS_SHAPES = [(1, 4096, 4096), (1, 8192, 8192), (1, 4096, 14336), (16, 1536, 2048), (32, 7168, 2048)]
-# Issue 5's targets and the H100 best-peer (dion Triton) times they were set against, ms.
+# The NS targets and the H100 best-peer (dion Triton) times they were set against, ms.
 NS_TARGETS = {(1, 4096, 4096): (2.55, 2.0), (1, 8192, 8192): (17.9, 15.5), (1, 4096, 14336): (6.93, 3.8),
               (16, 1536, 2048): (3.45, 2.3), (32, 7168, 2048): (35.7, 16.0)}
 

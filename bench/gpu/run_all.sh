@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session: build against the machine's CUDA torch, run the GPU test suite, run the
+# One GPU run: build against the machine's CUDA torch, run the GPU test suite, run the
 # benchmarks, write logs and tables to $OUT (default build-gpu/out), print a short summary last.
 # Usage, from the repository root:   bench/gpu/run_all.sh [build|test|bench]...   (default: all)
 # The C++ dependencies the GPU image lacks (fmt, nlohmann-json, CLI11, GoogleTest) are carried in

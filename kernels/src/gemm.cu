@@ -1,7 +1,7 @@
 // Rectangular products D = α·A·X + β·C through cuBLASLt (fp32 accumulation, β·C in its epilogue).
 // Row-major operands are handed to the column-major library as their transposes:
 // Dᵀ = Xᵀ·Aᵀ, so no data moves; an operand stored transposed is read with op T. cuBLASLt's first
-// heuristic choice was measured 17% slower than the legacy cuBLAS call at 8192³
+// heuristic choice can be slower than the legacy cuBLAS call
 // (bench/results/2026-11-29-h100-sym-products.md), so the first call of each shape times the top
 // candidates on its own operands, round-robin, and keeps the fastest.
 #include <algorithm>

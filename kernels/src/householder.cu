@@ -1,8 +1,8 @@
 // Householder factorization of a narrow panel (orthopt_householder_panel), the latency-bound part
 // of orthopt's blocked Householder QR (src/optim/update_math.cpp, householder_q_blocked). The
 // rest of that QR is batched products (cuBLAS through ATen). cuSOLVER's geqrf/orgqr, which
-// torch's linalg_qr calls once per matrix, spent ≈ 4 ms per 2048×512 matrix on an H200: Dion's
-// step with its default QR was the QRs (docs/gpu.md).
+// torch's linalg_qr calls once per matrix, made Dion's step with its default QR mostly QRs
+// (bench/results/2026-12-04-h200-dion-qr.md).
 //
 // The panel lives in registers: a cluster of C CTAs per matrix (C = 1 where one CTA holds it,
 // up to 8), each thread holding RPT whole rows of width W (cols rounded up to a power of two;
@@ -14,8 +14,8 @@
 //     shared memory) and row c, and computes the reflector's scalars itself in fp64: the same
 //     bits everywhere, so no second barrier is needed to share them;
 //   - pass: v_r = x_r·scale below the diagonal, a_rk −= τ·w_k·v_r, and the next column's sums.
-// The column loop is not unrolled (unrolled over 32 columns, the straight-line code streamed from
-// L2 and the warps stalled on instruction fetch: Nsight Compute, H200). Register indices must be
+// The column loop is not unrolled (unrolled over 32 columns, the warps stalled on instruction
+// fetch: bench/results/2026-12-04-h200-householder-registers.md). Register indices must be
 // constants, so the columns rotate instead: after column c every row shifts left by one and v
 // goes last, so the current column is always position 0.
 // Sums: fp32 over a thread's rows and across a warp's lanes (a tree), fp64 across warps and CTAs.
@@ -371,9 +371,9 @@ cudaLaunchConfig_t launch_config(cudaLaunchAttribute* attr, int64_t batch, int c
 // row by row), in fp64 registers, right-looking: once T_ik is final, column k's contribution
 // leaves every later column (acc_j −= T_ik·U_kj). Straight-line code over 32 columns (U padded
 // with the identity past n), so the 496 multiply-adds form 32 short dependent steps, not one
-// long chain per entry: the first version (a column at a time, lane i summing T_ik·U_kj over k
-// in a loop) took 24 µs a launch on the H200, latency-bound. Replaces a batched triangular
-// solve (cuBLAS trsm, with ATen's copies around it) per panel.
+// long chain per entry (a column at a time, lane i summing T_ik·U_kj over k in a loop, was
+// latency-bound: bench/results/2026-12-04-h200-householder-t-factor.md). Replaces a batched
+// triangular solve (cuBLAS trsm, with ATen's copies around it) per panel.
 constexpr int kTWarps = 4;
 
 __global__ void __launch_bounds__(kTWarps * 32) t_factor_kernel(int64_t batch, int n, const float* G, int64_t ldg,

@@ -68,51 +68,24 @@ __device__ __forceinline__ DecayConsts decay_consts(double lr, double weight_dec
           __double2float_rn(__dmul_rn(lr, factor))};
 }
 
-// The two implementations of orthopt_sym_abt (arguments already validated).
+// The implementations of orthopt_sym_abt's paths (arguments already validated).
 // block: panel height of the block path (0: automatic).
 orthopt_status sym_abt_blocks(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
                               int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
                               int64_t stride_c, float beta, float diag, void* D, int64_t stride_d, int64_t block,
                               cudaStream_t stream);
-orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
-                              int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
-                              int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
-                              cudaStream_t stream);
-// A path's name, as ORTHOPT_SYM_PATH takes it and the benchmarks print it ("auto" for AUTO).
+// The persistent Hopper kernel (sym_wgmma.cu); persistent_supported first.
+orthopt_status sym_abt_persistent(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k, const void* A,
+                                  int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
+                                  int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
+                                  cudaStream_t stream);
+// Whether the persistent kernel can run these operands on the current device (why not, if not).
+bool persistent_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,
+                          const char** why);
+// A path's name, as the benchmarks and checks print it ("auto" for AUTO).
 const char* sym_path_name(orthopt_sym_path path);
-// Every path but AUTO, in enum order (ORTHOPT_SYM_PATH's names; kernel_check's loop).
-inline constexpr orthopt_sym_path kSymPaths[] = {
-    ORTHOPT_SYM_BLOCKS,         ORTHOPT_SYM_NATIVE,         ORTHOPT_SYM_DENSE,
-    ORTHOPT_SYM_WGMMA,          ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
-    ORTHOPT_SYM_WGMMA_PAIR,     ORTHOPT_SYM_WGMMA_WIDE,     ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-    ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256, ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES};
-// Whether the path is one of the Hopper wgmma kernels (sym_abt_wgmma; all but ORTHOPT_SYM_WGMMA
-// are persistent).
-bool is_wgmma_path(orthopt_sym_path path);
-// Clusters of two CTAs of the pair kernel (bf16, without C by TMA) that fit at once on the
-// current device (0 when the query fails).
-int sym_wgmma_pair_clusters();
-// path: ORTHOPT_SYM_WGMMA (one tile per CTA), ORTHOPT_SYM_WGMMA_PINGPONG, ORTHOPT_SYM_WGMMA_COOP,
-// ORTHOPT_SYM_WGMMA_PAIR, ORTHOPT_SYM_WGMMA_WIDE, ORTHOPT_SYM_WGMMA_PINGPONG_TMA,
-// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, ORTHOPT_SYM_WGMMA_COOP_N256 or
-// ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES (the persistent kernels).
-orthopt_status sym_abt_wgmma(orthopt_dtype dtype, orthopt_sym_path path, int64_t batch, int64_t m, int64_t k,
-                             const void* A, int64_t stride_a, const void* B, int64_t stride_b, float alpha, const void* C,
-                             int64_t stride_c, float beta, float diag, void* D, int64_t stride_d,
-                             cudaStream_t stream);
-// A timing probe of the persistent kernels' epilogue (bf16; path WGMMA_PINGPONG, WGMMA_COOP or
-// WGMMA_COOP_N256), for bench/gpu/sym_bench.cu only: stores = 0 the product as sym_abt_wgmma
-// computes it, 1 only the in-place half of each tile (no mirrored stores), 2 no stores at all,
-// and then ptxas drops the wgmmas whose accumulators nobody reads (Nsight Compute, H200: the
-// tensor pipe idle, SM busy 8% against 82%), so 2 times the operand loads through the ring
-// alone. WGMMA_COOP_N256 only (C = NULL): 3 the tiles staged in shared memory as for 0 but no
-// TMA store issued, 4 the main loop alone (wgmmas kept, no epilogue), 5 and 6 the main loop alone
-// and the loads alone through a ring of 4 stages instead of 3 (room the product's two tile
-// buffers take), 7 the main loop alone through 2 stages. With 1 to 7 D is WRONG: timing only.
-orthopt_status sym_abt_wgmma_epilogue_probe(orthopt_sym_path path, int stores, int64_t batch, int64_t m, int64_t k,
-                                            const void* A, int64_t stride_a, const void* B, int64_t stride_b,
-                                            float alpha, const void* C, int64_t stride_c, float beta, float diag,
-                                            void* D, int64_t stride_d, cudaStream_t stream);
+// Every path but AUTO, in enum order (kernel_check's loop).
+inline constexpr orthopt_sym_path kSymPaths[] = {ORTHOPT_SYM_BLOCKS, ORTHOPT_SYM_DENSE, ORTHOPT_SYM_PERSISTENT};
 // D = α·op(A)·op(X) + β·C through cuBLASLt, row-major: op(A) = A for A [m, k], or Aᵀ for A
 // [k, m] when a_transposed; op(X) = X for X [k, n], or Xᵀ for X [n, k] when x_transposed. A and X
 // in dtype, C and D in out_dtype (dtype, or ORTHOPT_FP32). C may be NULL (β ignored) or equal to D.
@@ -124,13 +97,9 @@ orthopt_status gemm_impl(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_t b
 // symmetric) and adds diag to its diagonal.
 orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,
                             cudaStream_t stream);
-// The path AUTO takes for a shape (measured, see sym_abt.cu) and the block path's panel height.
+// The path AUTO takes for a shape (measured: docs/decisions/symmetric-product-kernels.md) and
+// the block path's panel height.
 orthopt_sym_path auto_sym_path(int64_t batch, int64_t m, int64_t k);
 int64_t auto_sym_block(int64_t m);
-
-// Whether the native kernel can run these operands on the current device (why not, if not).
-bool native_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,
-                      const char** why);
-bool wgmma_supported(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b, const char** why);
 
 }  // namespace orthopt_k

@@ -30,8 +30,8 @@ constexpr int kThreads = 256;
 constexpr int kIlp = 4;  // loads per thread and role issued before any is stored (memory parallelism)
 // The flat kernels (momentum, update, AdamW, Lion) move kVec consecutive elements per load and
 // store: one 16-byte (fp32) or 8-byte (bf16/fp16) access where the tensor's pointers allow
-// (vec_aligned), element by element otherwise. Scalar 4-byte loads held the update and AdamW
-// at ≈ 3.5 TB/s on an H200, below its bandwidth; the arithmetic per element is unchanged.
+// (vec_aligned), element by element otherwise (scalar 4-byte loads held the update and AdamW
+// below the memory bandwidth); the arithmetic per element is unchanged.
 constexpr int kVec = 4;
 constexpr int64_t kChunk = int64_t(kThreads) * kIlp * kVec * 4;  // elements per block
 constexpr int64_t kMaxBlocks = int64_t(1) << 30;             // per launch (grid.x < 2^31)
@@ -347,15 +347,11 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
 // the waits end.
 
 // 32 warps of 8 loads per lane and role in flight. A bank of 3072-wide rows gives a block only
-// 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower on an H100 (the
-// kernel 0.625 against 0.541 ms a GPT-2 step; bench/results/2026-12-06-h100-one-pass-ns-input.md).
-// A row's sums do not depend on either: a lane's columns stay in order. Nor were the loads in
-// flight what holds it, nor the phase's mix of reads and writes: every thread walking the
-// block's elements in 16-byte packs (0.542 ms; two buffers on top, 0.12 ms slower a step), the
-// fp32 momentum by bulk copies into shared memory (0.556), one fence per block instead of one
-// per thread (0.541), and the momentum stored in the write phase where the input is M_new
-// (0.563) all failed to beat this form (0.538;
-// bench/results/2026-12-06-h100-ns-input-flat-loads.md).
+// 12–18 rows (one warp each), yet 512 threads with 16 loads each were slower
+// (bench/results/2026-12-06-h100-one-pass-ns-input.md). A row's sums do not depend on either: a
+// lane's columns stay in order. The alternatives measured against this form (16-byte packs, bulk
+// copies of the momentum, one fence per block, the momentum stored in the write phase):
+// bench/results/2026-12-06-h100-ns-input-flat-loads.md.
 constexpr int kNsThreads = 1024;
 constexpr int kNsWarps = kNsThreads / 32;
 constexpr int kNsIlp = 8;

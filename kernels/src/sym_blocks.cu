@@ -73,8 +73,8 @@ orthopt_status launch_mirror(void* D, int64_t batch, int64_t m, int64_t stride_d
 
 }  // namespace
 
-// Panel heights measured on an H100 (bench/results/2026-11-29-h100-sym-products.md): 1024 from
-// m = 4096 on (smaller panels add launches and lose cuBLAS efficiency), else 512.
+// Panel heights: 1024 from m = 4096 on (smaller panels add launches and lose cuBLAS
+// efficiency), else 512 (bench/results/2026-11-29-h100-sym-products.md).
 int64_t auto_sym_block(int64_t m) { return m >= 4096 ? 1024 : 512; }
 
 orthopt_status mirror_lower(orthopt_dtype dtype, int64_t batch, int64_t m, void* D, int64_t stride_d, float diag,

@@ -1,6 +1,6 @@
-// Pieces shared by the two lower-triangle symmetric-product kernels (sym_native.cu: mma.sync;
-// sym_wgmma.cu: wgmma + TMA): element conversions, which lower tile a CTA owns, and the operand
-// requirements of 16-byte row chunks.
+// Pieces of the persistent symmetric-product kernels (sym_wgmma.cu) that the host and
+// tests/gpu/tile_layout_check.cu use too: element conversions, which lower tile or pair of tiles
+// a CTA owns, the staged tile's layout, and the operand requirements of 16-byte row chunks.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -31,7 +31,7 @@ __device__ __forceinline__ void lower_tile(int64_t idx, int* ti_out, int* tj_out
   *tj_out = static_cast<int>(idx - static_cast<int64_t>(ti) * (ti + 1) / 2);
 }
 
-// The persistent wgmma kernels' staged C/D tile (sym_wgmma.cu): a 128×128 tile of 16-bit values
+// The persistent kernels' staged C/D tile (sym_wgmma.cu): a 128×128 tile of 16-bit values
 // as TMA boxes of BoxRows rows × 64 columns one after the other, 128-byte rows, 128-byte swizzle
 // (16-byte chunk j of row r sits at chunk j ^ (r % 8)). Byte offset of element (r, c).
 template <int BoxRows = 128>
@@ -70,7 +70,7 @@ __host__ __device__ __forceinline__ int tma_mirror_offset(const TmaStageLane& l,
   return l.mirror_base + jj * 2048;
 }
 
-// Both kernels move operand rows in 16-byte chunks: k % 8 == 0, 16-byte aligned A, B and batch
+// The kernels move operand rows in 16-byte chunks: k % 8 == 0, 16-byte aligned A, B and batch
 // strides. On failure *why says what is missing.
 inline bool operands_in_16_byte_rows(int64_t k, const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                      const char** why) {
@@ -86,13 +86,13 @@ inline bool operands_in_16_byte_rows(int64_t k, const void* A, int64_t stride_a,
   return true;
 }
 
-// Pairs of lower tiles (the pair, wide and cooperative m64n256 kernels, sym_wgmma.cu), in
+// Pairs of lower tiles (the cooperative m64n256 kernel, sym_wgmma.cu), in
 // lower_pair's row-major order: row 2p holds the tiles (2p, 1..2p) as p pairs sharing A, row
 // 2p + 1 the tiles (2p + 1, 0..2p + 1) as p + 1 pairs; the tiles (i, 0) of even rows left over
 // are paired down column 0, sharing B: (0, 0) with (2, 0), (4, 0) with (6, 0), ...; when their
 // count is odd the last one is paired with itself.
 struct TilePair {
-  int ti[2], tj[2];  // the tile of CTA rank 0 and of rank 1
+  int ti[2], tj[2];  // the pair's two tiles
   bool share_a;      // the tiles share the A tile (same ti) or else the B tile (same tj)
 };
 

@@ -4,7 +4,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "orthopt_kernels.h"
+#include "orthopt/kernels/householder.h"
 
 namespace orthopt::cuda {
 

@@ -1,7 +1,7 @@
 #pragma once
-// ATen glue over orthopt_householder_panel (kernels/include/orthopt_kernels.h): the panel step of
-// the blocked Householder QR in src/optim/update_math.cpp. Compiled only when torch has CUDA and
-// the kernels are built (ORTHOPT_WITH_CUDA).
+// ATen glue over orthopt_householder_panel (kernels/include/orthopt/kernels/householder.h): the
+// panel step of the blocked Householder QR in src/optim/update_math.cpp. Compiled only when torch
+// has CUDA and the kernels are built (ORTHOPT_WITH_CUDA).
 #ifdef ORTHOPT_WITH_CUDA
 #include <ATen/ATen.h>
 

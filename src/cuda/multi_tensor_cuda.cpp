@@ -11,7 +11,8 @@
 #include "core/env_switch.h"
 #include "cuda/products_cuda.h"
 #include "orthopt/runtime.h"
-#include "orthopt_kernels.h"
+#include "orthopt/kernels/gemm.h"
+#include "orthopt/kernels/multi_tensor.h"
 
 namespace orthopt::cuda {
 namespace {

@@ -1,7 +1,8 @@
 #pragma once
 // ATen glue over the multi-tensor elementwise kernels of the optimizer step
-// (kernels/include/orthopt_kernels.h, orthopt_multi_*): lists of CUDA tensors updated in a few
-// launches. Compiled only when torch has CUDA and the kernels are built (ORTHOPT_WITH_CUDA).
+// (kernels/include/orthopt/kernels/multi_tensor.h, orthopt_multi_*): lists of CUDA tensors updated
+// in a few launches. Compiled only when torch has CUDA and the kernels are built
+// (ORTHOPT_WITH_CUDA).
 //
 // Lists hold tensors of one device; tensors at the same index of different lists have the same
 // number of elements and are contiguous. A list may mix dtypes (fp32, bf16, fp16): it is split

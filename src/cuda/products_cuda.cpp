@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "orthopt/runtime.h"
-#include "orthopt_kernels.h"
+#include "orthopt/kernels/cast.h"
+#include "orthopt/kernels/gemm.h"
+#include "orthopt/kernels/sym.h"
 
 namespace orthopt::cuda {
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// ATen glue over the CUDA kernel library (kernels/include/orthopt_kernels.h): the Newton–Schulz
+// ATen glue over the CUDA kernel library (kernels/include/orthopt/kernels/): the Newton–Schulz
 // products on CUDA tensors in bf16/fp16, and the scaled cast/transpose that prepares the NS input
 // and makes tall NS results contiguous. Compiled only when torch has CUDA and the kernels
 // are built (ORTHOPT_WITH_CUDA).

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "orthopt_kernels.h"
+#include "orthopt/kernels/multi_tensor.h"
 
 namespace orthopt::cuda {
 

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "orthopt_kernels.h"
-#include "../../kernels/src/internal.h"  // sym_path_name, is_wgmma_path, kSymPaths
+#include "../../kernels/src/internal.h"  // sym_path_name, kSymPaths, auto_sym_path
+
+bool hopper();  // compute capability 9.0 (the persistent kernel's devices)
 
 namespace {
 
@@ -141,6 +143,15 @@ void fill_symmetric(Buf& b, orthopt_dtype dt, std::mt19937& rng, int64_t batch, 
 const char* name(orthopt_dtype dt) { return dt == ORTHOPT_BF16 ? "bf16" : (dt == ORTHOPT_FP16 ? "fp16" : "fp32"); }
 const char* name(orthopt_sym_path p) { return orthopt_k::sym_path_name(p); }
 
+// The path a call takes: AUTO's choice (orthopt_sym_abt's rule, and its fallback where the
+// persistent kernel cannot run: every operand here is aligned), else the path given.
+orthopt_sym_path effective_path(orthopt_sym_path path, int64_t batch, int64_t m, int64_t k) {
+  if (path != ORTHOPT_SYM_AUTO) return path;
+  const orthopt_sym_path p = orthopt_k::auto_sym_path(batch, m, k);
+  if (p != ORTHOPT_SYM_PERSISTENT || (hopper() && k % 8 == 0)) return p;
+  return m >= 4096 || (m >= 2048 && k >= 3 * m) ? ORTHOPT_SYM_BLOCKS : ORTHOPT_SYM_DENSE;
+}
+
 // Relative error bound: the result is rounded once to the 16-bit type (bf16: 2^-9 relative per
 // element, fp16: 2^-12); fp32 accumulation adds far less. Frobenius-relative errors of a
 // correctly rounded result sit near 0.6 of those; the bounds leave 2x room over the maximum.
@@ -159,7 +170,8 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
   const float alpha = 1.25f, beta = with_c ? -0.75f : 0.0f, diag = 0.5f;
   // The dense path multiplies by B as stored when B != A: B must be square and symmetric there
   // (the contract), which makes A·B = A·Bᵀ; the other paths take any B.
-  if (path == ORTHOPT_SYM_DENSE && !same_ab) k = m;
+  if (effective_path(path, batch, m, k) == ORTHOPT_SYM_DENSE && !same_ab) k = m;
+  const bool dense = effective_path(path, batch, m, k) == ORTHOPT_SYM_DENSE;
   Buf A(batch * m * k), B(batch * m * k), C(batch * m * m), D(batch * m * m);
   const float alias_scale = static_cast<float>(std::pow(static_cast<double>(k), -0.25));
   if (c_alias == 1 || (c_alias == 2 && same_ab))
@@ -168,7 +180,7 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
     fill_random(A, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
   if (c_alias == 2 && !same_ab)
     fill_symmetric(B, dt, rng, batch, m, alias_scale);
-  else if (path == ORTHOPT_SYM_DENSE && !same_ab)
+  else if (dense && !same_ab)
     fill_symmetric(B, dt, rng, batch, m);
   else
     fill_random(B, dt, rng, 1.0 / std::sqrt(static_cast<double>(k)));
@@ -213,14 +225,14 @@ void check_sym(orthopt_dtype dt, orthopt_sym_path path, int64_t batch, int64_t m
   const RowError all = sum_rows(rows);
   const bool finite = all.finite, symmetric = all.symmetric;
   const double err = std::sqrt(all.num / all.den);
-  // BLOCKS and NATIVE mirror the lower triangle (bit-exact symmetry); DENSE computes both.
-  const bool ok = finite && (symmetric || path == ORTHOPT_SYM_DENSE) && err <= bound(dt);
+  // BLOCKS and PERSISTENT mirror the lower triangle (bit-exact symmetry); DENSE computes both.
+  const bool ok = finite && (symmetric || dense) && err <= bound(dt);
   if (!ok) ++g_failures;
   std::printf("%s sym %-4s %-6s batch=%-2lld m=%-5lld k=%-5lld %s%s%s rel_err=%.2e (bound %.0e)%s%s\n",
               ok ? "ok  " : "FAIL", name(dt), name(path), (long long)batch, (long long)m, (long long)k,
               same_ab ? "A·Aᵀ" : "A·Bᵀ", with_c ? "+βC" : "   ", c_alias == 1 ? " C=A" : (c_alias == 2 ? " C=B" : ""),
               err, bound(dt), finite ? "" : " NON-FINITE/UNWRITTEN",
-              symmetric ? "" : (path == ORTHOPT_SYM_DENSE ? " (dense: symmetric up to rounding)" : " NOT-SYMMETRIC"));
+              symmetric ? "" : (dense ? " (dense: symmetric up to rounding)" : " NOT-SYMMETRIC"));
 }
 
 void check_gemm(orthopt_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, int c_mode, std::mt19937& rng,
@@ -300,9 +312,12 @@ void check_errors() {
   const bool ok1 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "sizes") != nullptr;
   void* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, 4096));
+  // The persistent kernel asked for where it cannot run: refused, saying why (k % 8 on a Hopper
+  // GPU, the device elsewhere).
   st = orthopt_sym_abt(ORTHOPT_BF16, 1, 8, 12, p, 96, p, 96, 1, nullptr, 0, 0, 0,
-                       static_cast<char*>(p) + 2048, 64, ORTHOPT_SYM_NATIVE, nullptr);
-  const bool ok2 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "divisible by 8") != nullptr;
+                       static_cast<char*>(p) + 2048, 64, ORTHOPT_SYM_PERSISTENT, nullptr);
+  const bool ok2 = st == ORTHOPT_ERR_INVALID &&
+                   std::strstr(orthopt_last_error(), hopper() ? "divisible by 8" : "Hopper") != nullptr;
   st = orthopt_sym_abt(ORTHOPT_BF16, 1, 8, 8, p, 64, p, 64, 1, nullptr, 0, 0, 0, p, 64, ORTHOPT_SYM_AUTO, nullptr);
   const bool ok3 = st == ORTHOPT_ERR_INVALID && std::strstr(orthopt_last_error(), "'D'") != nullptr;
   cudaFree(p);
@@ -1657,8 +1672,8 @@ int main(int argc, char** argv) {
   }
   // --quick: the short list. --library-kernels-only: leave out the checks whose products run in
   // cuBLAS/cuBLASLt (the blocks and dense symmetric paths, orthopt_gemm), for racecheck: racecheck
-  // 2025.3 dies at cuBLASLt's pointer-array products ("failed to handle a hardware exception",
-  // forty-third and forty-fourth sessions) and would end the run before our kernels are checked.
+  // 2025.3 dies at cuBLASLt's pointer-array products ("failed to handle a hardware exception")
+  // and would end the run before our kernels are checked.
   bool quick = false, ours_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -1682,9 +1697,8 @@ int main(int argc, char** argv) {
         std::printf("skip sym %s: its products run in cuBLAS (--library-kernels-only)\n", name(path));
         continue;
       }
-      const bool hopper_only = orthopt_k::is_wgmma_path(path);
-      const bool persistent = hopper_only && path != ORTHOPT_SYM_WGMMA;
-      if (hopper_only && !hopper()) {
+      const bool persistent = path == ORTHOPT_SYM_PERSISTENT;
+      if (persistent && !hopper()) {
         std::printf("skip sym %s: not a compute capability 9.0 device\n", name(path));
         continue;
       }
@@ -1694,34 +1708,21 @@ int main(int argc, char** argv) {
       check_sym(dt, path, 2, 130, 40, true, true, rng);     // one row past a tile edge
       check_sym(dt, path, 1, 201, 96, false, false, rng);   // odd m
       check_sym(dt, path, 2, 300, 136, true, true, rng);    // 3 row blocks, tiles past m
-      // More tiles than two per multiprocessor: the persistent kernels' warpgroups take several
-      // tiles each, reusing their stages and C buffers (288 tiles, or 192 wide tiles, on 132
-      // multiprocessors; one k-step per tile, fewer than the ring's stages). Only there: on this
-      // shape racecheck reports hazards inside cuBLAS's own kernels (nvjet_*, used by the blocks
-      // and dense paths), none in ours (H200, 2026-12-01).
-      if (persistent) check_sym(dt, path, 48, 264, 64, true, true, rng);
-      // The cooperative kernel with several k-steps per wide tile (the ring wraps) and several
-      // wide tiles per CTA, with C (3 stages) and without (4 stages, no C barriers between tiles).
-      // The pair kernel likewise (several pairs per cluster, the ring wrapping within a pair),
-      // and 4 block rows: pairs sharing A and pairs down column 0 with no tile paired with
-      // itself (2, 3, 5, 6 and 8 block rows above and below have one). The wide kernel takes the
-      // pair kernel's pairs (those down column 0 transposed), 64-row halves of them by turns; at
-      // m = 130 and 136 the second half of the last block row lies wholly past m. The
-      // cooperative m64n256 kernel takes the same pairs, both warpgroups on each (at m % 8 != 0
-      // it hands over to ping-pong: D cannot be stored by TMA there).
-      const bool n256 = path == ORTHOPT_SYM_WGMMA_COOP_N256 || path == ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES;
-      const bool pairs = path == ORTHOPT_SYM_WGMMA_PAIR || path == ORTHOPT_SYM_WGMMA_WIDE || n256;
-      if (path == ORTHOPT_SYM_WGMMA_COOP || pairs) {
+      // The persistent kernel takes pairs of lower tiles (pairs sharing A, and pairs down column 0
+      // computed transposed, a tile paired with itself where their count is odd), both
+      // warpgroups on each; at m % 8 != 0 (130, 201 above) it hands over to its ping-pong
+      // fallback, whose warpgroups take several tiles each (48×264: 288 tiles, 192 pairs on 132
+      // multiprocessors), reusing their stages and C buffers. Several k-steps and pairs per CTA
+      // (the ring wraps), with C and without, 4 and 8 block rows (ragged), and the producer-stores
+      // epilogue's barriers over 2-3 blocks per CTA (320 pairs) with one k-step per block (its
+      // stores and the buffers' refill at the same k-step), and (full list) 9 k-steps per block.
+      if (persistent) {
+        check_sym(dt, path, 48, 264, 64, true, true, rng);
         check_sym(dt, path, 48, 264, 200, false, true, rng);
         check_sym(dt, path, 48, 264, 456, true, false, rng);
-      }
-      if (pairs) check_sym(dt, path, 3, 512, 328, true, true, rng);
-      if (path == ORTHOPT_SYM_WGMMA_WIDE || n256)
+        check_sym(dt, path, 48, 258, 64, true, true, rng);   // m % 8 != 0: the ping-pong fallback, several tiles each
+        check_sym(dt, path, 3, 512, 328, true, true, rng);
         check_sym(dt, path, 2, 904, 136, false, true, rng);  // 8 block rows, ragged
-      // The producer-stores epilogue's barriers over 2-3 blocks per CTA (320 pairs), with C and
-      // without, one k-step per block (its stores and the buffers' refill at the same k-step),
-      // and (full list) 9 k-steps per block over 200 pairs.
-      if (path == ORTHOPT_SYM_WGMMA_COOP_N256_PRODUCER_STORES) {
         check_sym(dt, path, 64, 512, 64, false, true, rng);
         check_sym(dt, path, 64, 512, 64, true, false, rng);
         if (!quick) check_sym(dt, path, 40, 512, 520, false, true, rng);
@@ -1739,6 +1740,14 @@ int main(int argc, char** argv) {
         check_sym(dt, path, 2, 768, 1024, true, false, rng);
         check_sym(dt, path, 1, 520, 200, false, true, rng);  // 5 row blocks, the last one ragged
       }
+    }
+    // AUTO (its products may run in cuBLAS: not with --library-kernels-only): a small product
+    // (dense) and one it gives the persistent kernel (m >= 768, k >= 2m; blocks or dense off Hopper).
+    const char* only = std::getenv("KERNEL_CHECK_SYM_PATH");
+    if (!ours_only && (!only || std::string(only) == name(ORTHOPT_SYM_AUTO))) {
+      check_sym(dt, ORTHOPT_SYM_AUTO, 2, 200, 72, true, true, rng);
+      check_sym(dt, ORTHOPT_SYM_AUTO, 1, 768, 1536, true, true, rng);
+      check_sym(dt, ORTHOPT_SYM_AUTO, 2, 256, 0, true, true, rng, /*c_alias=*/1);
     }
     if (ours_only) {
       std::printf("skip gemm %s: orthopt_gemm runs in cuBLASLt (--library-kernels-only)\n", dt == ORTHOPT_BF16 ? "bf16" : "fp16");

@@ -14,9 +14,10 @@ BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
 #   GPU_SUITE_ONLY=1      leaves out ctest (the CPU suite, already run against the same build);
 #   SKIP_SANITIZER=1      leaves out the sanitizer runs;
 #   SANITIZER_TOOLS="memcheck racecheck"   which compute-sanitizer tools (default: both);
-#   SANITIZER_SYM_PATHS="wgmma_coop_n256 ..."   one run per tool and symmetric-product path
-#     (kernel_check --quick with KERNEL_CHECK_SYM_PATH; its other checks run in each), instead of
-#     one over every path, so that each run is short and its reports name one kernel.
+#   SANITIZER_SYM_PATHS="persistent ..."   one run per tool and symmetric-product path (blocks,
+#     dense, persistent, auto: kernel_check --quick with KERNEL_CHECK_SYM_PATH; its other checks
+#     run in each), instead of one over every path, so that each run is short and its reports
+#     name one kernel.
 STEPS=${GPU_SUITE_STEPS:-ctest gtest pytest kernel_check sanitizer}
 [ -n "${GPU_SUITE_ONLY:-}" ] && STEPS=${STEPS//ctest/}
 [ -n "${SKIP_SANITIZER:-}" ] && { STEPS=${STEPS//sanitizer/}; echo "compute-sanitizer skipped (SKIP_SANITIZER)"; }
@@ -34,11 +35,11 @@ if want sanitizer; then
   if command -v compute-sanitizer >/dev/null; then
     for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
       # racecheck on the library's kernels only: with cuBLAS 13 (torch 2.11) it reports hazards
-      # inside cuBLAS's own nvjet_sm90 kernels (TMA/mbarrier pipelines it does not model; 24
-      # reports in 168 checks, forty-third session), which are not ours to fix. memcheck checks
+      # inside cuBLAS's own nvjet_sm90 kernels (TMA/mbarrier pipelines it does not model), which
+      # are not ours to fix. memcheck checks
       # every kernel, cuBLAS's included (our pointers and sizes go into them).
       # racecheck itself dies at cuBLASLt's pointer-array products (the blocks path, orthopt_gemm;
-      # "failed to handle a hardware exception", forty-third and forty-fourth sessions), so its
+      # "failed to handle a hardware exception"), so its
       # run leaves out the checks whose products run in cuBLAS (--library-kernels-only).
       only_ours=() ours_checks=()
       [ "$tool" = racecheck ] && { only_ours=(--kernel-name kns=orthopt_k); ours_checks=(--library-kernels-only); }
@@ -56,7 +57,7 @@ if want sanitizer; then
       # only the library's kernels (orthopt_k::) are checked, not ATen's in the fp64 reference.
       # Not *UpdateByProduct* under racecheck: racecheck 2025.3 fails on cuBLASLt's pointer-array
       # products themselves ("failed to handle a hardware exception", also with --kernel-name
-      # matching no kernel at all; forty-third session), while memcheck, with every kernel
+      # matching no kernel at all), while memcheck, with every kernel
       # checked, is clean on them. The setup kernel has no shared memory, so no race to find.
       filter='*MomentumNsInput*:*UpdateByProduct*'
       [ "$tool" = racecheck ] && filter='*MomentumNsInput*'

@@ -311,7 +311,7 @@ void run_fused_vs_reference(const std::vector<Spec>& specs, bool fp32_ns, double
 // NorMuon-normalizes per bank (a [40,120] param stacked with a [2,40,120] one: batch 3), the
 // reference per shape (batches of 1 and 2), cuBLAS and ATen's reductions pick kernels and
 // summation orders by size, and NorMuon's factors come from orthopt_normuon_factors (its own
-// fixed summation order; twelfth session), so the fp32 results differ by rounding (≈1e-7 per operation, grown
+// fixed summation order), so the fp32 results differ by rounding (≈1e-7 per operation, grown
 // by five NS iterations and NorMuon's division by the row RMS). Measured on an H200: 1.9e-5 of
 // the movement (a NorMuon param, step 0). Everything that does not depend on NS keeps 1e-5.
 TEST_F(GpuFused, MatchesReferencePathToFp32Rounding) {

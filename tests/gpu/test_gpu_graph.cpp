@@ -418,8 +418,8 @@ RawCaptureResult capture_while_another_thread_mallocs(cudaStreamCaptureMode mode
 }
 
 // The control: a global-mode capture refuses another thread's cudaMalloc and is invalidated at
-// once (the next captured call already fails). This is how the one failed capture of the
-// eighteenth session's dion run can have happened.
+// once (the next captured call already fails). This is how a failed capture seen in a dion run
+// can have happened.
 TEST_F(GpuGraph, GlobalCaptureFailsOnAnotherThreadsCudaMalloc) {
   const RawCaptureResult r = capture_while_another_thread_mallocs(cudaStreamCaptureModeGlobal);
   EXPECT_EQ(r.other_malloc, cudaErrorStreamCaptureUnsupported) << cudaGetErrorString(r.other_malloc);
@@ -549,9 +549,8 @@ size_t reserved_bytes(c10::DeviceIndex device) {
 // and the next step() captures again and replays bit-identically. The failure is made by
 // another thread synchronizing the device in a loop while the capture is underway: CUDA refused
 // those synchronizations ("operation not permitted when stream is capturing") and invalidated
-// the thread-local capture (H200, CUDA 13, nineteenth session). On a loaded machine none of the
-// other thread's calls may fall inside the capturing step, and the capture then succeeds (H200,
-// 2026-12-02, three CPU tests running beside it: 0 of 1662 calls refused), so the scenario is
+// the thread-local capture (CUDA 13). On a loaded machine none of the other thread's calls may
+// fall inside the capturing step, and the capture then succeeds, so the scenario is
 // run again with fresh optimizers, at most kAttempts times. Where every attempt captured, the
 // failure path was not exercised (a driver that lets a thread-local capture survive that, or a
 // machine too loaded), and the test is skipped, saying so.

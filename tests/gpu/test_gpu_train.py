@@ -105,7 +105,7 @@ def test_dion_cuda_graph_run_repeats_and_tracks_eager_run(tmp_path, data):
     last fp32 bit flips bf16 roundings of activations, and the runs parted by 1.5e-3 of the
     gradient norm two steps after the capture (H200), noise that would hide a wrong step. The
     tolerance: the first difference is a few fp32 ulps of some weights (docs/cuda_graph.md), and
-    it grew to 3.1e-7 of a gradient norm by the end (H200, thirtieth session); 1e-5 leaves 30×
+    it grew to 3.1e-7 of a gradient norm by the end (H200); 1e-5 leaves 30×
     that and is far below what a wrong step (a stale lr, a missed skip, an update applied
     twice) changes within one."""
     common = ["--algorithm", "dion", "--dion-qr", "householder", "--deterministic", "true", "--bf16", "false"]

@@ -1,4 +1,4 @@
-"""Every optimizer's GPU step against its CPU step (issue 5, correctness on the GPU).
+"""Every optimizer's GPU step against its CPU step (correctness on the GPU).
 
 Same fp32 parameters and gradients on both devices, 1 and 5 steps; compared is the displacement
 W − W₀ (what the steps did), relative to the CPU run's. Bounds:

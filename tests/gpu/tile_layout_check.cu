@@ -1,7 +1,7 @@
 // Host-only check (no GPU needed; ctest runs it wherever the kernels are built) of the index
-// math of the TMA-store epilogue of the symmetric ping-pong kernel (sym_wgmma.cu,
-// store_tile_tma): where each accumulator element of each lane lands in the staged 128×128
-// tile, emulating the warp-wide matrix stores the kernel issues.
+// math of the persistent symmetric kernel's TMA-store epilogue (sym_wgmma.cu, tma_stage_blocks and
+// stage_half_tma_diagonal): where each accumulator element of each lane lands in the staged
+// 128×128 tile, emulating the warp-wide matrix stores the kernel issues.
 //
 // stmatrix m8n8 (PTX ISA): lane L gives the shared address of row L % 8 of matrix L / 8; lane
 // L's register k holds matrix k's elements (L / 4, 2·(L % 4) + q), q = 0, 1; .trans stores each
@@ -10,12 +10,11 @@
 // element (h0 + 16w + 8·half + L / 4, 8j + 2·(L % 4) + q).
 //
 // Checked against c_tile_offset (the layout the C tile comes in by TMA and D leaves in): off the
-// diagonal, every element lands at its own position in the in-place buffer and at the mirrored
-// position in the mirror buffer, and both buffers are covered exactly once (the one-buffer form,
-// ORTHOPT_SYM_WGMMA_PINGPONG_TMA_1BUF, uses the same offsets into one buffer, one after the
-// other); on the diagonal (block by block, the two-buffer form), the mirror buffer holds at
-// every position (r, c) the element (max(r, c), min(r, c)), exactly once. Also the pair orders
-// of the cooperative m64n256 kernel (check_pair_panels).
+// diagonal, every element lands at its own position in place (the first pass) and at the
+// mirrored position in the mirror pass, and each pass covers the tile exactly once (the kernel
+// runs both passes through one buffer, one after the other); on the diagonal, block by block,
+// the tile holds at every position (r, c) the element (max(r, c), min(r, c)), exactly once.
+// Also the pair orders of the kernel (check_pair_panels).
 #include <cstdio>
 #include <vector>
 
@@ -70,7 +69,7 @@ void check_blocks() {
   }
 }
 
-// Diagonal tiles: stage_half_tma_diagonal's stmatrix x1 stores into the mirror buffer. Each slot
+// Diagonal tiles: stage_half_tma_diagonal's stmatrix x1 stores into the staged tile. Each slot
 // records the source element (r, c) whose value it receives.
 void check_diagonal() {
   std::vector<int> hits(kSlots, 0), source(kSlots, -1);
@@ -115,7 +114,7 @@ void check_diagonal() {
     }
 }
 
-// The cooperative m64n256 kernel's pair orders (sym_tiles.h): for every block-row count t and
+// The m64n256 kernel's pair orders (sym_tiles.h): for every block-row count t and
 // panel height, lower_pair_in_panels is a reordering of lower_pair within each panel (the same
 // pairs at the same index range: every lower tile covered once, the pairs of a panel's rows
 // only), and within a panel its column pairs come in order.

@@ -4,7 +4,7 @@ Relative Frobenius error against the standard iteration in float64 of: standard 
 Gram NS in fp16 with the default restart, and Gram NS in fp16 without restarts. CPU run: the
 half-precision products are emulated as on the GPU (fp32 accumulation, one rounding per product).
 Inputs: 2 random matrices per shape with singular values spread over [1e-3, 1] (log scale).
-Run:  PYTHONPATH=build/python /usr/bin/python3 bench/gram_accuracy.py"""
+Run:  PYTHONPATH=build/python /usr/bin/python3 lab/probes/gram_accuracy.py"""
 import torch
 
 import orthopt

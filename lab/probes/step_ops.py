@@ -5,7 +5,7 @@ work on data, seen through a TorchDispatchMode (which also sees the C++ step's c
 once, deterministically): views, detach and allocations are left out, so it approximates the
 kernels a GPU step launches (one per elementwise op, reduction, copy, fill, matmul; topk a few).
 
-PYTHONPATH=build/python /usr/bin/python3 bench/step_ops.py [--scale 8] [--ns-steps 5] [--repeats 3]
+PYTHONPATH=build/python /usr/bin/python3 lab/probes/step_ops.py [--scale 8] [--ns-steps 5] [--repeats 3]
 --scale s divides every dimension by s (12 x [2304x768, 768x768, 3072x768, 768x3072] at s=1).
 Times are CPU time of this process (time.process_time, one intra-op thread by default), so other
 jobs on a shared machine disturb them less than wall time; min and median of the repeats. Also

@@ -14,7 +14,7 @@ nvmlDeviceGetTotalEnergyConsumption) and the SM clock and power-cap flag sampled
 It prints ms per call, the counted rate (NS: the symmetric count of algorithms.md §1.1,
 15m²n + 5m³ standard, 6m²n + 14m³ Gram, per matrix), joules per call and picojoules per counted
 FLOP, then a summary: the sustained floor (NS FLOPs over cuBLAS's sustained dense rate on the same
-shape), the target of issue 5, and the rate the target asks for against that sustained dense rate.
+shape), the NS target (docs/performance.md), and the rate the target asks for against that sustained dense rate.
 Two more cases give the Llama 1.26B Muon step's sustained floor: its two NS banks (88×2048² and
 66×2048×5632) and a device-to-device copy for its memory passes.
 
@@ -22,7 +22,7 @@ The energy counter moves in coarse steps (on an H200, 2026-12-02: bursts of 40�
 0 J, and 0.5 s blocks at the cap read 590–770 W): a block shorter than 0.3 s gets no energy figure,
 and the summary's pJ/FLOP is taken over all sustained blocks of a contender together.
 
-Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/energy_floor.py [--quick]
+Run on a GPU machine: PYTHONPATH=build-gpu/python python3 lab/probes/energy_floor.py [--quick]
   [--json FILE]. --quick: shorter blocks (a smoke run)."""
 import ctypes
 import json
@@ -36,7 +36,7 @@ import torch
 
 import orthopt
 
-# (name, shape, issue 5's target in ms on an H100, or None)
+# (name, shape, the NS target in ms on an H100 (docs/performance.md), or None)
 CASES = [
     ("NS 4096²", (4096, 4096), 2.0),
     ("NS 8192²", (8192, 8192), 15.5),

@@ -20,7 +20,7 @@ With ``--compare FILE`` (another dist.py, e.g. the version before a change) ever
 times the same for a second engine built from FILE on the same optimizer, so both are measured
 in the same processes under the same load:
     git show <old commit>:python/orthopt/dist.py > /tmp/old_dist.py
-    PYTHONPATH=build/python /usr/bin/python3 bench/dist_python_overhead.py --compare /tmp/old_dist.py
+    PYTHONPATH=build/python /usr/bin/python3 lab/probes/dist_python_overhead.py --compare /tmp/old_dist.py
 Results: docs/distributed.md (Python section, "Overhead").
 """
 import argparse

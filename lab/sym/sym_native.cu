@@ -1,7 +1,7 @@
 // Native symmetric product D = α·A·Bᵀ + β·C + diag·I on the tensor cores (mma.sync m16n8k16,
-// sm_80+; on Hopper this is the portable path, not wgmma). Only the lower-triangle 128×128
-// tiles are computed; each off-diagonal tile is written twice, in place and mirrored, through
-// shared memory so that both stores are coalesced.
+// sm_80+), the lab's Design::Native (not shipped: docs/decisions/symmetric-product-kernels.md).
+// Only the lower-triangle 128×128 tiles are computed; each off-diagonal tile is written twice,
+// in place and mirrored, through shared memory so that both stores are coalesced.
 //
 // Per CTA: 8 warps (2×4), each owning a 64×32 block of the 128×128 tile; a 4-stage cp.async
 // pipeline over k in steps of 32; operands in shared memory with an 80-byte row pitch, which
@@ -10,7 +10,7 @@
 
 #include "sym_tiles.h"
 
-namespace orthopt_k {
+namespace orthopt_lab {
 namespace {
 
 constexpr int kBM = 128;             // tile edge (rows = cols)
@@ -236,4 +236,4 @@ orthopt_status sym_abt_native(orthopt_dtype dtype, int64_t batch, int64_t m, int
                                                 diag, D, stride_d, stream);
 }
 
-}  // namespace orthopt_k
+}  // namespace orthopt_lab

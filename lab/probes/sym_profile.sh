@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Kernel work on the symmetric product in one short GPU run: configure, build only the kernel
-# targets (orthopt_kernel_check, orthopt_sym_bench; ~20 s on 16 cores instead of ~90 s for the
-# whole tree), check every path against the fp64 reference (hang-guarded), time chosen shapes,
-# and optionally profile chosen kernels with Nsight Compute. Writes to $OUT (default
+# Kernel work on the symmetric product in one short GPU run: configure with the lab, build only
+# the kernel targets (orthopt_kernel_check, orthopt_sym_bench, lab_sym_designs), check the
+# shipped paths against the fp64 reference (hang-guarded), time chosen shapes of the shipped
+# paths, and optionally profile chosen kernels with Nsight Compute. Writes to $OUT (default
 # build-gpu/out); prints a short summary last. From the repository root:
-#   bench/gpu/sym_profile.sh                      # check + time the default shapes
-#   SHAPES="3 12" NCU_KERNELS="pingpong wgmma nvjet" bench/gpu/sym_profile.sh
+#   lab/probes/sym_profile.sh                      # check + time the default shapes
+#   SHAPES="3 12" NCU_KERNELS="persistent nvjet lab:sym_wgmma_pingpong_kernel" lab/probes/sym_profile.sh
 # SHAPES: indices into orthopt_sym_bench's shape list (0 = 1024², 2 = 4096², 3 = 8192²,
 #   8 = 32×2048×7168, 12 = 88×2048², 13 = 66×2048×5632); NCU_SHAPE (default: the first of
-#   SHAPES) is the one profiled. NCU_KERNELS: pingpong (ORTHOPT_SYM_WGMMA_PINGPONG), wgmma (one
-#   tile per CTA), nvjet (cuBLAS's dense product, the peer); regexes on mangled names (ncu's
-#   demangled names carry no template arguments). SANITIZE=1 adds memcheck and racecheck.
+#   SHAPES) is the one profiled. NCU_KERNELS: persistent (the shipped m64n256 kernel), nvjet
+#   (cuBLAS's dense product, the peer), or lab:<regex> (a lab design's kernel, profiled in
+#   lab_sym_designs at its shape LAB_NCU_SHAPE, default 1 = 4096²); regexes on mangled names
+#   (ncu's demangled names carry no template arguments). SANITIZE=1 adds memcheck and racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${ORTHOPT_BUILD_DIR:-build-gpu}
@@ -28,10 +29,10 @@ PYBIND=$(python3 -m pybind11 --cmakedir 2>/dev/null || true)
 rm -f "$B/CMakeCache.txt"  # a cache from another machine's paths would be reused otherwise
 GEN=(); command -v ninja > /dev/null && GEN=(-G Ninja)
 if ! cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
-    -DCMAKE_CUDA_ARCHITECTURES=90a "-DCMAKE_PREFIX_PATH=$PREFIX" ${PYBIND:+-Dpybind11_DIR=$PYBIND} > "$OUT/configure.log" 2>&1; then
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DORTHOPT_LAB=ON "-DCMAKE_PREFIX_PATH=$PREFIX" ${PYBIND:+-Dpybind11_DIR=$PYBIND} > "$OUT/configure.log" 2>&1; then
   tail -20 "$OUT/configure.log"; exit 1
 fi
-if ! cmake --build "$B" -j "$(nproc)" --target orthopt_kernel_check orthopt_sym_bench > "$OUT/build.log" 2>&1; then
+if ! cmake --build "$B" -j "$(nproc)" --target orthopt_kernel_check orthopt_sym_bench lab_sym_designs > "$OUT/build.log" 2>&1; then
   grep -E "error" "$OUT/build.log" | head -20; exit 1
 fi
 note "build: $(( $(date +%s) - t0 )) s"
@@ -62,16 +63,17 @@ if [ -n "${NCU_KERNELS:-}" ]; then
   shape=${NCU_SHAPE:-${SHAPES%% *}}
   metrics='gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   for name in $NCU_KERNELS; do
+    tool=("$B/gpu/orthopt_sym_bench" 1); env=(SYM_BENCH_SHAPE=$shape)
     case $name in
-      pingpong) re='regex:sym_wgmma_pingpong_kernel' ;;
-      wgmma) re='regex:16sym_wgmma_kernel' ;;
+      persistent) re='regex:sym_wgmma_coop_n256_kernel' ;;
       nvjet) re='regex:nvjet' ;;
+      lab:*) re="regex:${name#lab:}"; tool=("$B/lab/lab_sym_designs" 1 --no-check); env=(LAB_SYM_SHAPE=${LAB_NCU_SHAPE:-1}) ;;
       *) re="regex:$name" ;;
     esac
-    SYM_BENCH_SHAPE=$shape timeout 180 "$NCU" --kernel-name-base mangled -k "$re" -c 1 --metrics "$metrics" \
-      "$B/gpu/orthopt_sym_bench" 1 > "$OUT/ncu_$name.txt" 2>&1
+    env "${env[@]}" timeout 180 "$NCU" --kernel-name-base mangled -k "$re" -c 1 --metrics "$metrics" \
+      "${tool[@]}" > "$OUT/ncu_${name//[^A-Za-z0-9_]/_}.txt" 2>&1
     note "ncu $name (shape $shape) rc=$?:"
-    grep -E '^\s+(gpu__|sm__|lts__|smsp__)' "$OUT/ncu_$name.txt" | awk '{v=$NF; n=$1; sub("smsp__average_warps_issue_stalled_", "stall ", n); sub("_per_issue_active.ratio", "", n); if (n !~ /^stall/ || v+0 >= 0.1) printf "  %s %s\n", n, v}' >> "$SUMMARY"
+    grep -E '^\s+(gpu__|sm__|lts__|smsp__)' "$OUT/ncu_${name//[^A-Za-z0-9_]/_}.txt" | awk '{v=$NF; n=$1; sub("smsp__average_warps_issue_stalled_", "stall ", n); sub("_per_issue_active.ratio", "", n); if (n !~ /^stall/ || v+0 >= 0.1) printf "  %s %s\n", n, v}' >> "$SUMMARY"
   done
 fi
 note "total $(( $(date +%s) - t0 )) s"

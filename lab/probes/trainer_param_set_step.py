@@ -4,7 +4,7 @@ matrices, AdamW on the rest) through orthopt.Muon, eager and as a CUDA graph, ti
   idle     wall time from an idle device to the step's end (how the trainer times opt_ms);
   hot      as idle, right after ~150 ms of bf16 8192² matmuls (the board and L2 as a training step
            leaves them).
-Usage: PYTHONPATH=build-gpu/python python3 bench/gpu/trainer_param_set_step.py muon|normuon|dion3"""
+Usage: PYTHONPATH=build-gpu/python python3 lab/probes/trainer_param_set_step.py muon|normuon|dion3"""
 import statistics, time, sys
 import torch
 import orthopt

@@ -9,8 +9,8 @@ block, and `nvidia-smi` sampling the SM clock, the power draw and the clock even
 the software power cap active (reason 0x4). The power readings are averages over about a second
 and lag behind the load.
 
-Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/ns_clocks.py [SHAPE ...]
-(SHAPE like 4096x4096 or 16x1536x2048; default: the five target shapes of issue 5) [--pause=S]"""
+Run on a GPU machine: PYTHONPATH=build-gpu/python python3 lab/probes/ns_clocks.py [SHAPE ...]
+(SHAPE like 4096x4096 or 16x1536x2048; default: the five NS target shapes) [--pause=S]"""
 import datetime
 import os
 import statistics

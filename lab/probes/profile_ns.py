@@ -1,15 +1,19 @@
 """Where one Newton–Schulz call's GPU time goes: torch-profiler breakdown by kernel of
-orthopt.orthogonalize (method auto, the bench's shapes of issue 5), next to the CUDA-event time
+orthopt.orthogonalize (method auto, the NS target shapes of docs/performance.md), next to the CUDA-event time
 of the same call. The products' share against the rest (normalization, casts, copies) says
 whether a shape is bound by the symmetric/rectangular products or by overhead around them.
-Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_ns.py [SHAPE ...]
+Run on a GPU machine: PYTHONPATH=build-gpu/python python3 lab/probes/profile_ns.py [SHAPE ...]
 (SHAPE like 4096x4096 or 16x1536x2048; default: the five target shapes) [--top=N]"""
+import pathlib
 import sys
 
 import torch
 
 import orthopt
-from profile_step import print_breakdown
+
+# bench/gpu/profile_step.py, the lasting profiler this probe shares its breakdown with.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
+from profile_step import print_breakdown  # noqa: E402
 
 TARGET_SHAPES = ["4096x4096", "8192x8192", "4096x14336", "16x1536x2048", "32x7168x2048"]
 

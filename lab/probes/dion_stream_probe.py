@@ -1,7 +1,7 @@
 """Probe for docs/cuda_graph.md, "Dion and streams": does a Dion step, or one of its ops, give
 other bits on a second CUDA stream than on the current one?
 
-Twenty-ninth session's finding (H200, torch 2.11): under torch's deterministic mode a Dion step
+The finding it probes (torch 2.11): under torch's deterministic mode a Dion step
 run once on a fresh stream after steps on the current stream was off by 3e-8 in one of two
 runs; never on the per-parameter reference path (ORTHOPT_GPU_KERNELS=0), never without
 deterministic mode. This script repeats that with more trials, with a run-to-run baseline (every
@@ -10,7 +10,7 @@ differs; then it probes the bank path's ops alone and composed (one bank's step 
 torch). Each op is computed once on the current stream and then `--trials` times on a fresh
 stream each. It prints how many trials differed in their bits.
 
-    PYTHONPATH=build-gpu/python python3 bench/gpu/dion_stream_probe.py [--trials 8] [--ops-only]
+    PYTHONPATH=build-gpu/python python3 lab/probes/dion_stream_probe.py [--trials 8] [--ops-only]
 
 (--ops-only needs torch only, no orthopt build.)
 """
