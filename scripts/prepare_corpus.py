@@ -29,6 +29,7 @@ import hashlib
 import json
 import lzma
 import os
+import signal
 import sys
 import tarfile
 import time
@@ -188,7 +189,7 @@ def select_files(root, members, max_bytes, exclude=()):
 class AtomicOutputs:
     """Temporary files in the output directory, published by rename only when all are written."""
 
-    def __init__(self, out_dir, names):
+    def __init__(self, out_dir, names, what="--out"):
         self.out_dir = out_dir
         self.tmp = {n: os.path.join(out_dir, f".{n}.tmp.{os.getpid()}") for n in names}
         self.files = {}
@@ -197,7 +198,7 @@ class AtomicOutputs:
                 self.files[n] = open(p, "wb")
         except OSError as e:
             self.discard()
-            raise CorpusError(f"--out: cannot write in '{out_dir}': {e.strerror or e}") from None
+            raise CorpusError(f"{what}: cannot write in '{out_dir}': {e.strerror or e}") from None
 
     def close(self):
         for f in self.files.values():
@@ -342,7 +343,7 @@ def cmd_unpack(args):
     for k in OUTPUTS:
         if not os.path.isfile(os.path.join(d, f"{k}.txt.xz")):
             raise CorpusError(f"DIR: '{os.path.join(d, k + '.txt.xz')}' is missing (made by `linux --pack`)")
-    out = AtomicOutputs(d, [f"{k}.txt" for k in OUTPUTS])
+    out = AtomicOutputs(d, [f"{k}.txt" for k in OUTPUTS], what="DIR")
     try:
         for k in OUTPUTS:
             h = hashlib.sha256()
@@ -400,6 +401,8 @@ def main(argv=None):
     up = sub.add_parser("unpack", help="restore train.txt/val.txt from the .xz files and check them")
     up.add_argument("dir", metavar="DIR")
     args = p.parse_args(argv)
+    # A kill then unwinds like Ctrl-C, so the temporary files are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         return cmd_linux(args) if args.command == "linux" else cmd_unpack(args)
     except CorpusError as e:
