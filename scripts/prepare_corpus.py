@@ -337,9 +337,9 @@ def cmd_unpack(args):
     try:
         with open(os.path.join(d, "manifest.json"), "rb") as f:
             manifest = json.load(f)
-        expected = {k: manifest[k] for k in OUTPUTS}
+        expected = {k: {"bytes": int(manifest[k]["bytes"]), "sha256": str(manifest[k]["sha256"])} for k in OUTPUTS}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorpusError(f"DIR: no readable manifest.json in '{d}': {e}") from None
+        raise CorpusError(f"DIR: no usable manifest.json in '{d}' ({type(e).__name__}: {e})") from None
     for k in OUTPUTS:
         if not os.path.isfile(os.path.join(d, f"{k}.txt.xz")):
             raise CorpusError(f"DIR: '{os.path.join(d, k + '.txt.xz')}' is missing (made by `linux --pack`)")
