@@ -18,7 +18,9 @@
 
 namespace orthopt {
 
-enum class Algorithm { Muon, NorMuon, Dion3, Dion, AdamW, Lion };
+// Dion2: Dion3's selection and error feedback without NorMuon's normalization (dion's Dion2),
+// selecting along the shorter side (rows when rows <= cols, else columns).
+enum class Algorithm { Muon, NorMuon, Dion3, Dion, AdamW, Lion, Dion2 };
 enum class MomentumStyle { Accumulate, Ema };                 // M <- μM + G  |  M <- μM + (1-μ)G
 enum class LrAdjust { SpectralNorm, Jordan, RmsNorm, None };  // algorithms.md §2
 // How Dion orthonormalizes P = M·Q (algorithms.md §6). Householder: the fp32 QR of the contract
@@ -30,7 +32,7 @@ enum class LrAdjust { SpectralNorm, Jordan, RmsNorm, None };  // algorithms.md �
 enum class DionQr { Householder, Cholesky };
 
 const char* to_string(Algorithm a);
-Algorithm parse_algorithm(const std::string& s);  // muon | normuon | dion3 | dion | adamw | lion
+Algorithm parse_algorithm(const std::string& s);  // muon | normuon | dion3 | dion2 | dion | adamw | lion
 const char* to_string(LrAdjust a);
 LrAdjust parse_lr_adjust(const std::string& s);   // spectral_norm | jordan | rms_norm | none
                                                   // (torch's names original | match_rms_adamw too)
@@ -38,7 +40,7 @@ const char* to_string(MomentumStyle m);
 const char* to_string(DionQr q);
 DionQr parse_dion_qr(const std::string& s);       // householder | cholesky
 MomentumStyle parse_momentum_style(const std::string& s);  // accumulate | ema
-bool is_matrix_algorithm(Algorithm a);            // muon, normuon, dion3, dion
+bool is_matrix_algorithm(Algorithm a);            // muon, normuon, dion3, dion2, dion
 
 // Every option of every algorithm; a group uses those of its algorithm. Defaults follow
 // algorithms.md (dion's defaults for the matrix optimizers).
@@ -55,8 +57,8 @@ struct GroupOptions {
   OrthoOptions ortho;          // schedule, steps, method, compute dtype, split_sizes, flatten
   double normuon_beta2 = 0.95; // NorMuon / Dion3 row variance
   double normuon_eps = 1e-8;
-  double fraction = 0.25;      // Dion3 row fraction f
-  bool scale_lr_by_fraction = false;  // Dion3: lr / sqrt(f)
+  double fraction = 0.25;      // Dion3 row fraction f (Dion2: of the shorter side)
+  bool scale_lr_by_fraction = false;  // Dion3, Dion2: lr / sqrt(f)
   double rank_fraction = 0.25; // Dion
   DionQr dion_qr = DionQr::Householder;  // Dion's orthonormalization of P
   // scalar optimizers (AdamW, Lion)
@@ -88,7 +90,9 @@ class OptimizerImpl;
 class Optimizer {
  public:
   // Validates everything (shapes against the algorithm, options, duplicates across groups,
-  // split sizes) and throws c10::Error naming the parameter and the option.
+  // split sizes) and throws c10::Error naming the parameter and the option: c10::ValueError
+  // for a bad value (out-of-range option, unknown name, wrong shape or device), c10::TypeError
+  // for a wrong kind of tensor (not floating point, sparse).
   explicit Optimizer(std::vector<ParamGroup> groups);
   ~Optimizer();
   Optimizer(Optimizer&&) noexcept;
@@ -141,7 +145,7 @@ class Optimizer {
 
   // Per-parameter state (name -> tensor; empty before the parameter's first step). The
   // tensors are the live state: steps update them in place. Names per algorithm:
-  //   muon: momentum | normuon, dion3: momentum, variance [..., rows, 1] fp32 |
+  //   muon, dion2: momentum | normuon, dion3: momentum, variance [..., rows, 1] fp32 |
   //   dion: momentum, Q [..., cols, r] fp32 | adamw: exp_avg, exp_avg_sq, step (0-d fp32) |
   //   lion: exp_avg | any, with master weights: master (fp32).
   using StateDict = std::map<std::string, at::Tensor>;

@@ -33,7 +33,7 @@ from .optim import _check_same_groups, _cpp_options
 
 __all__ = ["DistributedEngine", "build_layout"]
 
-_MATRIX = frozenset({"muon", "normuon", "dion3", "dion"})
+_MATRIX = frozenset({"muon", "normuon", "dion3", "dion2", "dion"})
 SHARD_FORMAT = "orthopt.dist.python.shard.v1"
 
 

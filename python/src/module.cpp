@@ -1,6 +1,8 @@
 // orthopt._C: Python bindings over the C++ library (thin; the logic lives in src/).
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
 #include "orthopt/orthogonalize.h"
 #include "orthopt/runtime.h"
 #include "bindings.h"
@@ -68,8 +70,42 @@ at::ScalarType to_scalar_type(const py::object& dtype, const char* arg) {
 }  // namespace orthopt::python
 
 PYBIND11_MODULE(_C, m) {
-  orthopt::init_runtime();
+  // Importing changes no process-wide setting: torch's thread count is the caller's (the CLI and
+  // the C++ tests call init_runtime; Python code calls orthopt.set_num_threads when it wants it).
   m.doc() = "orthopt C++ core";
+  // c10::ValueError / c10::TypeError (TORCH_CHECK_VALUE / TORCH_CHECK_TYPE) as Python's
+  // ValueError / TypeError, like torch.optim's; other c10::Error stay RuntimeError. Local to
+  // this module, so torch's own translation is left as it is.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    }
+  });
+  m.def(
+      "set_num_threads",
+      [](const py::object& n) {
+        int threads = 0;
+        if (n.is_none()) {
+          threads = orthopt::requested_threads();
+          if (threads == 0) threads = orthopt::default_intra_op_threads(orthopt::available_cores(),
+                                                                         orthopt::blas_threading());
+        } else {
+          TORCH_CHECK_TYPE(py::isinstance<py::int_>(n) && !py::isinstance<py::bool_>(n),
+                           "argument 'n': expected an int or None, got ", std::string(py::str(py::type::of(n))));
+          threads = n.cast<int>();
+          TORCH_CHECK_VALUE(threads >= 1, "argument 'n': must be >= 1, got ", threads);
+        }
+        at::set_num_threads(threads);
+        return threads;
+      },
+      py::arg("n") = py::none(),
+      "Sets torch's intra-op thread count to n, or with n=None to what the orthopt CLI takes: "
+      "ORTHOPT_NUM_THREADS or OMP_NUM_THREADS where set, else one per core (1 with OpenBLAS's "
+      "pthreads build). Returns the count set.");
   m.def("orthogonalize", &py_orthogonalize, py::arg("G"), py::arg("schedule") = "polar_express",
         py::arg("steps") = 5, py::arg("method") = "auto", py::arg("compute_dtype") = py::none(),
         py::arg("restarts") = std::vector<int>{2}, py::arg("split_sizes") = std::vector<int64_t>{},

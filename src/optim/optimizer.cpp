@@ -58,16 +58,17 @@ const char* to_string(Algorithm a) {
     case Algorithm::Dion: return "dion";
     case Algorithm::AdamW: return "adamw";
     case Algorithm::Lion: return "lion";
+    case Algorithm::Dion2: return "dion2";
   }
   return "?";
 }
 
 Algorithm parse_algorithm(const std::string& s) {
-  for (Algorithm a : {Algorithm::Muon, Algorithm::NorMuon, Algorithm::Dion3, Algorithm::Dion, Algorithm::AdamW,
-                      Algorithm::Lion})
+  for (Algorithm a : {Algorithm::Muon, Algorithm::NorMuon, Algorithm::Dion3, Algorithm::Dion2, Algorithm::Dion,
+                      Algorithm::AdamW, Algorithm::Lion})
     if (s == to_string(a)) return a;
-  TORCH_CHECK(false, "argument 'algorithm': unknown algorithm '", s,
-              "' (known: muon, normuon, dion3, dion, adamw, lion)");
+  TORCH_CHECK_VALUE(false, "argument 'algorithm': unknown algorithm '", s,
+                    "' (known: muon, normuon, dion3, dion2, dion, adamw, lion)");
 }
 
 const char* to_string(LrAdjust a) {
@@ -85,8 +86,8 @@ LrAdjust parse_lr_adjust(const std::string& s) {
   if (s == "jordan" || s == "original") return LrAdjust::Jordan;
   if (s == "rms_norm" || s == "match_rms_adamw") return LrAdjust::RmsNorm;
   if (s == "none") return LrAdjust::None;
-  TORCH_CHECK(false, "argument 'lr_adjust': unknown rule '", s,
-              "' (known: spectral_norm, jordan, rms_norm, none; torch's original, match_rms_adamw)");
+  TORCH_CHECK_VALUE(false, "argument 'lr_adjust': unknown rule '", s,
+                    "' (known: spectral_norm, jordan, rms_norm, none; torch's original, match_rms_adamw)");
 }
 
 const char* to_string(MomentumStyle m) { return m == MomentumStyle::Ema ? "ema" : "accumulate"; }
@@ -94,7 +95,7 @@ const char* to_string(MomentumStyle m) { return m == MomentumStyle::Ema ? "ema" 
 MomentumStyle parse_momentum_style(const std::string& s) {
   if (s == "accumulate") return MomentumStyle::Accumulate;
   if (s == "ema") return MomentumStyle::Ema;
-  TORCH_CHECK(false, "argument 'momentum_style': unknown style '", s, "' (known: accumulate, ema)");
+  TORCH_CHECK_VALUE(false, "argument 'momentum_style': unknown style '", s, "' (known: accumulate, ema)");
 }
 
 const char* to_string(DionQr q) { return q == DionQr::Cholesky ? "cholesky" : "householder"; }
@@ -102,11 +103,12 @@ const char* to_string(DionQr q) { return q == DionQr::Cholesky ? "cholesky" : "h
 DionQr parse_dion_qr(const std::string& s) {
   if (s == "householder") return DionQr::Householder;
   if (s == "cholesky") return DionQr::Cholesky;
-  TORCH_CHECK(false, "argument 'dion_qr': unknown method '", s, "' (known: householder, cholesky)");
+  TORCH_CHECK_VALUE(false, "argument 'dion_qr': unknown method '", s, "' (known: householder, cholesky)");
 }
 
 bool is_matrix_algorithm(Algorithm a) {
-  return a == Algorithm::Muon || a == Algorithm::NorMuon || a == Algorithm::Dion3 || a == Algorithm::Dion;
+  return a == Algorithm::Muon || a == Algorithm::NorMuon || a == Algorithm::Dion3 || a == Algorithm::Dion2 ||
+         a == Algorithm::Dion;
 }
 
 // ---------------------------------------------------------------- helpers
@@ -164,7 +166,8 @@ std::vector<StateSpec> state_specs(const at::Tensor& p, const GroupOptions& o) {
     return s;
   };
   switch (o.algorithm) {
-    case Algorithm::Muon: specs.push_back({"momentum", p.sizes().vec(), sd}); break;
+    case Algorithm::Muon:
+    case Algorithm::Dion2: specs.push_back({"momentum", p.sizes().vec(), sd}); break;
     case Algorithm::NorMuon:
     case Algorithm::Dion3:
       specs.push_back({"momentum", p.sizes().vec(), sd});
@@ -190,49 +193,68 @@ std::vector<StateSpec> state_specs(const at::Tensor& p, const GroupOptions& o) {
   return specs;
 }
 
+// Smallest eps options: nonzero in fp32 (its smallest normal number is 1.18e-38), and for
+// NorMuon's normuon_eps with 1/eps² below fp32's largest number (3.4e38).
+constexpr double kMinEps = 1e-38;
+constexpr double kMinNormuonEps = 1e-19;
+
 void validate_options(const GroupOptions& o, size_t group) {
   auto where = [&](const char* opt) {
     std::ostringstream s;
     s << "group " << group << " (" << to_string(o.algorithm) << "): option '" << opt << "'";
     return s.str();
   };
-  TORCH_CHECK(std::isfinite(o.lr) && o.lr >= 0, where("lr"), " must be finite and >= 0, got ", o.lr);
-  TORCH_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, where("weight_decay"),
-              " must be finite and >= 0, got ", o.weight_decay);
-  if (is_matrix_algorithm(o.algorithm)) {
-    TORCH_CHECK(o.momentum >= 0 && o.momentum < 1, where("momentum"), " must be in [0, 1), got ", o.momentum);
-    TORCH_CHECK(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, where("normuon_beta2"), " must be in [0, 1), got ",
-                o.normuon_beta2);
-    TORCH_CHECK(std::isfinite(o.normuon_eps) && o.normuon_eps >= 0, where("normuon_eps"), " must be >= 0, got ",
-                o.normuon_eps);
-    TORCH_CHECK(o.fraction > 0 && o.fraction <= 1, where("fraction"), " must be in (0, 1], got ", o.fraction);
-    TORCH_CHECK(o.rank_fraction > 0 && o.rank_fraction <= 1, where("rank_fraction"), " must be in (0, 1], got ",
-                o.rank_fraction);
-    TORCH_CHECK(std::isfinite(o.eps) && o.eps >= 0, where("eps"), " must be >= 0, got ", o.eps);
-    if (o.algorithm == Algorithm::Dion3 || o.algorithm == Algorithm::Dion)
-      TORCH_CHECK(o.ortho.split_sizes.empty(), where("split_sizes"), " is not supported by ",
-                  to_string(o.algorithm), " (row selection / low rank act on the whole matrix)");
+  const Algorithm a = o.algorithm;
+  TORCH_CHECK_VALUE(std::isfinite(o.lr) && o.lr >= 0, where("lr"), " must be finite and >= 0, got ", o.lr);
+  TORCH_CHECK_VALUE(std::isfinite(o.weight_decay) && o.weight_decay >= 0, where("weight_decay"),
+                    " must be finite and >= 0, got ", o.weight_decay);
+  if (is_matrix_algorithm(a)) {
+    TORCH_CHECK_VALUE(o.momentum >= 0 && o.momentum < 1, where("momentum"), " must be in [0, 1), got ", o.momentum);
+    TORCH_CHECK_VALUE(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, where("normuon_beta2"),
+                      " must be in [0, 1), got ", o.normuon_beta2);
+    // The eps options must be positive where a zero input would otherwise give 0/0: NorMuon's
+    // U/(sqrt(V)+eps) with U = V = 0, Dion's column normalization R/(|R|+eps) with R = 0, the
+    // orthogonalization's X/(|X|·safety+eps) with X = 0; and large enough to stay nonzero in fp32
+    // (kMinEps), NorMuon's also to keep 1/eps² (its norm of U/(sqrt(V)+eps)) finite in fp32.
+    if (a == Algorithm::NorMuon || a == Algorithm::Dion3)
+      TORCH_CHECK_VALUE(std::isfinite(o.normuon_eps) && o.normuon_eps >= kMinNormuonEps, where("normuon_eps"),
+                        " must be finite and >= ", kMinNormuonEps, " (a zero update would give 0/0), got ",
+                        o.normuon_eps);
+    if (a == Algorithm::Dion)
+      TORCH_CHECK_VALUE(std::isfinite(o.eps) && o.eps >= kMinEps, where("eps"), " must be finite and >= ", kMinEps,
+                        " (a zero momentum would give 0/0), got ", o.eps);
+    if (o.ortho.eps)
+      TORCH_CHECK_VALUE(std::isfinite(*o.ortho.eps) && *o.ortho.eps >= kMinEps, where("ns_eps"),
+                        " must be finite and >= ", kMinEps, " (a zero update would give 0/0), got ", *o.ortho.eps);
+    TORCH_CHECK_VALUE(o.fraction > 0 && o.fraction <= 1, where("fraction"), " must be in (0, 1], got ", o.fraction);
+    TORCH_CHECK_VALUE(o.rank_fraction > 0 && o.rank_fraction <= 1, where("rank_fraction"),
+                      " must be in (0, 1], got ", o.rank_fraction);
+    if (a == Algorithm::Dion3 || a == Algorithm::Dion2 || a == Algorithm::Dion)
+      TORCH_CHECK_VALUE(o.ortho.split_sizes.empty(), where("split_sizes"), " is not supported by ", to_string(a),
+                        " (row selection / low rank act on the whole matrix)");
     try {
       (void)resolve_schedule(o.ortho);  // unknown schedule, bad overrides
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, where("ortho"), ": ", e.what_without_backtrace());
+      TORCH_CHECK_VALUE(false, where("ortho"), ": ", e.what_without_backtrace());
     }
   } else {
-    TORCH_CHECK(o.beta1 >= 0 && o.beta1 < 1, where("beta1"), " must be in [0, 1), got ", o.beta1);
-    TORCH_CHECK(o.beta2 >= 0 && o.beta2 < 1, where("beta2"), " must be in [0, 1), got ", o.beta2);
-    TORCH_CHECK(std::isfinite(o.eps) && o.eps >= 0, where("eps"), " must be finite and >= 0, got ", o.eps);
+    TORCH_CHECK_VALUE(o.beta1 >= 0 && o.beta1 < 1, where("beta1"), " must be in [0, 1), got ", o.beta1);
+    TORCH_CHECK_VALUE(o.beta2 >= 0 && o.beta2 < 1, where("beta2"), " must be in [0, 1), got ", o.beta2);
+    if (a == Algorithm::AdamW)  // m/(sqrt(v)+eps): a zero gradient would give 0/0
+      TORCH_CHECK_VALUE(std::isfinite(o.eps) && o.eps >= kMinEps, where("eps"), " must be finite and >= ", kMinEps,
+                        " (a zero gradient would give 0/0), got ", o.eps);
   }
 }
 
 void validate_param(const at::Tensor& p, const GroupOptions& o, const std::string& label) {
-  TORCH_CHECK(p.defined(), label, ": undefined tensor");
-  TORCH_CHECK(is_float(p.scalar_type()), label, ": expected a floating-point tensor, got ", p.scalar_type());
-  TORCH_CHECK(!p.is_sparse(), label, ": sparse parameters are not supported");
+  TORCH_CHECK_VALUE(p.defined(), label, ": undefined tensor (argument 'params')");
+  TORCH_CHECK_TYPE(is_float(p.scalar_type()), label, ": expected a floating-point tensor, got ", p.scalar_type());
+  TORCH_CHECK_TYPE(!p.is_sparse(), label, ": sparse parameters are not supported");
   if (!is_matrix_algorithm(o.algorithm)) return;
-  TORCH_CHECK(p.dim() >= 2, label, ": a ", p.dim(), "-D tensor (shape ", p.sizes(), ") cannot be in a '",
-              to_string(o.algorithm),
-              "' group (option 'algorithm' needs a matrix or a stack of matrices); route it to adamw or lion");
-  if (o.algorithm == Algorithm::Dion3 || o.algorithm == Algorithm::Dion) return;
+  TORCH_CHECK_VALUE(p.dim() >= 2, label, ": a ", p.dim(), "-D tensor (shape ", p.sizes(), ") cannot be in a '",
+                    to_string(o.algorithm),
+                    "' group (option 'algorithm' needs a matrix or a stack of matrices); route it to adamw or lion");
+  if (o.algorithm == Algorithm::Dion3 || o.algorithm == Algorithm::Dion2 || o.algorithm == Algorithm::Dion) return;
   OrthoOptions ortho = o.ortho;
   ortho.nonfinite = NonFinitePolicy::Propagate;  // no data access at construction
   ortho.flatten = false;
@@ -240,7 +262,7 @@ void validate_param(const at::Tensor& p, const GroupOptions& o, const std::strin
   try {
     validate_ortho_args(at::empty(msz, at::TensorOptions().dtype(p.scalar_type()).device(at::kMeta)), ortho);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, label, ": option 'ortho': ", e.what_without_backtrace());
+    TORCH_CHECK_VALUE(false, label, ": option 'ortho': ", e.what_without_backtrace());
   }
 }
 
@@ -373,17 +395,17 @@ class OptimizerImpl {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       auto& grp = groups[gi];
       validate_options(grp.options, gi);
-      TORCH_CHECK(grp.names.empty() || grp.names.size() == grp.params.size(), "group ", gi, ": 'names' has ",
-                  grp.names.size(), " entries for ", grp.params.size(), " params");
+      TORCH_CHECK_VALUE(grp.names.empty() || grp.names.size() == grp.params.size(), "group ", gi, ": 'names' has ",
+                        grp.names.size(), " entries for ", grp.params.size(), " params");
       for (size_t i = 0; i < grp.params.size(); ++i) {
         const auto& p = grp.params[i];
         const std::string label = param_label(grp, gi, i);
         validate_param(p, grp.options, label);
-        TORCH_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, label,
-                    " is listed more than once across the groups (option 'params')");
+        TORCH_CHECK_VALUE(seen.insert(p.unsafeGetTensorImpl()).second, label,
+                          " is listed more than once across the groups (option 'params')");
         if (!device) device = p.device();
-        TORCH_CHECK(p.device() == *device, label, " is on ", p.device(), " but earlier parameters are on ", *device,
-                    "; one optimizer handles one device");
+        TORCH_CHECK_VALUE(p.device() == *device, label, " is on ", p.device(), " but earlier parameters are on ",
+                          *device, "; one optimizer handles one device");
       }
       state.emplace_back(grp.params.size());
       q_sources.emplace_back(grp.params.size());
@@ -880,6 +902,47 @@ class OptimizerImpl {
     }
   }
 
+  // ---- Dion2 (dion's Dion2): Dion3's steps 1-4 and 6 without the normalization (5), selecting
+  // along the shorter side: rows when rows <= cols, else columns (the rows of the transpose).
+  // Per matrix on every device (no bank or kernel path); same-shaped selections share one
+  // orthogonalize() call.
+  void step_dion2(size_t g, const at::Tensor& lr) {
+    const auto& o = groups[g].options;
+    const auto idx = active(g);
+    std::vector<at::Tensor> inputs, rows;
+    std::vector<bool> by_cols;
+    for (size_t i : idx) {
+      auto& st = state_of(g, i);
+      const auto& p = groups[g].params[i];
+      const auto msz = matrix_sizes(p, o);
+      const bool cols = msz[msz.size() - 2] > msz.back();
+      at::Tensor M = (st.at("momentum").to(work_dtype(p)) + grad_of(g, i)).reshape(msz);
+      if (cols) M = M.transpose(-2, -1).contiguous();
+      auto sel = optim_detail::dion3_select(M, o.fraction, o.momentum);
+      at::Tensor M_new = cols ? sel.momentum.transpose(-2, -1) : sel.momentum;
+      commit(st.at("momentum"), M_new.reshape(p.sizes()));
+      inputs.push_back(sel.selected);
+      rows.push_back(sel.rows);
+      by_cols.push_back(cols);
+    }
+    const auto outs = orthogonalize_all(inputs, o.ortho);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      const auto& p = groups[g].params[i];
+      const auto msz = matrix_sizes(p, o);
+      at::Tensor W = weights(g, i);
+      auto zeros_sizes = msz;
+      if (by_cols[j]) std::swap(zeros_sizes[msz.size() - 2], zeros_sizes[msz.size() - 1]);
+      at::Tensor D =
+          optim_detail::scatter_rows(at::zeros(zeros_sizes, W.options()), rows[j], outs[j].to(W.scalar_type()));
+      if (by_cols[j]) D = D.transpose(-2, -1);
+      const double factor = dion3_lr_factor(o, msz[msz.size() - 2], msz.back());
+      write_weights(g, i,
+                    optim_detail::decoupled_update(W, D.reshape(p.sizes()), lr, lr * factor, o.weight_decay,
+                                                   o.cautious_weight_decay));
+    }
+  }
+
   // ---- Dion (§6)
   void step_dion(size_t g, const at::Tensor& lr) {
     const auto idx = active(g);
@@ -1332,6 +1395,7 @@ class OptimizerImpl {
         case Algorithm::Muon:
         case Algorithm::NorMuon: step_muon(g, lr); break;
         case Algorithm::Dion3: step_dion3(g, lr); break;
+        case Algorithm::Dion2: step_dion2(g, lr); break;
         case Algorithm::Dion: step_dion(g, lr); break;
         case Algorithm::AdamW: step_adamw(g, lr); break;
         case Algorithm::Lion: step_lion(g, lr); break;
@@ -1347,13 +1411,13 @@ class OptimizerImpl {
   // Checks `states` against the groups (names and shapes) and returns them ready to install
   // (cast and moved like the live state). Throws before anything is changed.
   std::vector<std::vector<StateDict>> prepare_states(const std::vector<std::vector<StateDict>>& states) const {
-    TORCH_CHECK(states.size() == groups.size(), "optimizer state: has ", states.size(),
-                " groups but this optimizer has ", groups.size());
+    TORCH_CHECK_VALUE(states.size() == groups.size(), "optimizer state: has ", states.size(),
+                      " groups but this optimizer has ", groups.size());
     std::vector<std::vector<StateDict>> out(groups.size());
     for (size_t g = 0; g < groups.size(); ++g) {
       const auto& grp = groups[g];
-      TORCH_CHECK(states[g].size() == grp.params.size(), "optimizer state: group ", g, " has ", states[g].size(),
-                  " params but this optimizer's group has ", grp.params.size());
+      TORCH_CHECK_VALUE(states[g].size() == grp.params.size(), "optimizer state: group ", g, " has ", states[g].size(),
+                        " params but this optimizer's group has ", grp.params.size());
       out[g].resize(grp.params.size());
       for (size_t i = 0; i < grp.params.size(); ++i) {
         const auto& given = states[g][i];
@@ -1363,16 +1427,18 @@ class OptimizerImpl {
         const auto specs = state_specs(p, grp.options);
         std::ostringstream expected;
         for (const auto& s : specs) expected << s.name << " ";
-        TORCH_CHECK(given.size() == specs.size(), label, ": the state holds ", given.size(),
-                    " tensors but algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str());
+        TORCH_CHECK_VALUE(given.size() == specs.size(), label, ": the state holds ", given.size(),
+                          " tensors but algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str());
         for (const auto& spec : specs) {
           auto it = given.find(spec.name);
-          TORCH_CHECK(it != given.end() && it->second.defined(), label, ": state '", spec.name,
-                      "' is missing (algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str(), ")");
-          TORCH_CHECK(it->second.sizes() == at::IntArrayRef(spec.sizes), label, ": state '", spec.name,
-                      "' has shape ", it->second.sizes(), " but this optimizer expects ", at::IntArrayRef(spec.sizes));
-          TORCH_CHECK(is_float(it->second.scalar_type()), label, ": state '", spec.name, "' has dtype ",
-                      it->second.scalar_type());
+          TORCH_CHECK_VALUE(it != given.end() && it->second.defined(), label, ": state '", spec.name,
+                            "' is missing (algorithm '", to_string(grp.options.algorithm), "' expects: ", expected.str(),
+                            ")");
+          TORCH_CHECK_VALUE(it->second.sizes() == at::IntArrayRef(spec.sizes), label, ": state '", spec.name,
+                            "' has shape ", it->second.sizes(), " but this optimizer expects ",
+                            at::IntArrayRef(spec.sizes));
+          TORCH_CHECK_VALUE(is_float(it->second.scalar_type()), label, ": state '", spec.name, "' has dtype ",
+                            it->second.scalar_type());
           out[g][i][spec.name] = it->second.detach().to(p.device(), spec.dtype, /*non_blocking=*/false, /*copy=*/true);
         }
       }
@@ -1415,8 +1481,9 @@ void Optimizer::set_group_options(size_t group, const GroupOptions& options) {
               impl_->groups.size(), " groups)");
   auto& grp = impl_->groups[group];
   validate_options(options, group);
-  TORCH_CHECK(options.algorithm == grp.options.algorithm, "group ", group, ": option 'algorithm' cannot change from '",
-              to_string(grp.options.algorithm), "' to '", to_string(options.algorithm), "' (state would not match)");
+  TORCH_CHECK_VALUE(options.algorithm == grp.options.algorithm, "group ", group,
+                    ": option 'algorithm' cannot change from '", to_string(grp.options.algorithm), "' to '",
+                    to_string(options.algorithm), "' (state would not match)");
   if (same_structure(grp.options, options)) {
     grp.options = options;
     return;
@@ -1428,21 +1495,22 @@ void Optimizer::set_group_options(size_t group, const GroupOptions& options) {
     if (st.empty()) continue;
     for (const auto& spec : state_specs(grp.params[i], options)) {
       auto it = st.find(spec.name);
-      TORCH_CHECK(it != st.end() && it->second.sizes() == at::IntArrayRef(spec.sizes), label,
-                  ": the new options change the shape or set of state '", spec.name,
-                  "' (e.g. flatten, rank_fraction, master_weights); not allowed after the first step");
+      TORCH_CHECK_VALUE(it != st.end() && it->second.sizes() == at::IntArrayRef(spec.sizes), label,
+                        ": the new options change the shape or set of state '", spec.name,
+                        "' (e.g. flatten, rank_fraction, master_weights); not allowed after the first step");
     }
   }
   grp.options = options;
 }
 
 void Optimizer::set_lr_scale(double factor) {
-  TORCH_CHECK(std::isfinite(factor) && factor >= 0, "argument 'factor': lr scale must be finite and >= 0, got ", factor);
+  TORCH_CHECK_VALUE(std::isfinite(factor) && factor >= 0, "argument 'factor': lr scale must be finite and >= 0, got ",
+                    factor);
   impl_->lr_scale.fill_(factor);
 }
 
 void Optimizer::set_skip_factor(const at::Tensor& factor) {
-  TORCH_CHECK(factor.defined() && factor.numel() == 1, "argument 'factor': expected a one-element tensor");
+  TORCH_CHECK_VALUE(factor.defined() && factor.numel() == 1, "argument 'factor': expected a one-element tensor");
   impl_->skip_factor.copy_(factor.reshape({}));
   impl_->skip_active = true;
 }

@@ -25,7 +25,7 @@ std::vector<int> route_slots(const std::vector<std::pair<std::string, at::Tensor
     try {
       overrides.emplace_back(pattern);
     } catch (const std::regex_error& e) {
-      TORCH_CHECK(false, "argument 'overrides': invalid regex '", pattern, "': ", e.what());
+      TORCH_CHECK_VALUE(false, "argument 'overrides': invalid regex '", pattern, "': ", e.what());
     }
   }
   std::vector<int> slots;
@@ -54,7 +54,7 @@ std::vector<int> route_slots(const std::vector<std::pair<std::string, at::Tensor
 std::vector<ParamGroup> route_params(const std::vector<std::pair<std::string, at::Tensor>>& named,
                                      const RoutingOptions& routing) {
   TORCH_CHECK(is_matrix_algorithm(routing.matrix.algorithm), "argument 'routing.matrix': algorithm '",
-              to_string(routing.matrix.algorithm), "' is not a matrix optimizer (muon, normuon, dion3, dion)");
+              to_string(routing.matrix.algorithm), "' is not a matrix optimizer (muon, normuon, dion3, dion2, dion)");
   std::vector<std::string> patterns;
   for (const auto& [pattern, opts] : routing.overrides) patterns.push_back(pattern);
   const auto slots = route_slots(named, routing.embedding_patterns, routing.head_patterns, patterns);

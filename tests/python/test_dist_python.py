@@ -38,12 +38,13 @@ NS = {"compute_dtype": torch.float32}  # the CPU default; on CUDA the default is
 # as two [16,24] (it straddles ranks), a 4-D stack, a vector, an embedding-like [40,8], biases.
 # Dion (random initial Q) the same, plus a flatten group ([8,4,6] is one [8,24] matrix).
 SPEC = [
-    ("muon", {"lr": 0.02, **NS}, [(16, 24), (16, 24), (24, 16), (20, 20), (3, 16, 24), (24, 16), (16, 16), (2, 2, 8, 8)]),
+    ("muon", {"lr": 0.02, "batched": True, **NS},
+     [(16, 24), (16, 24), (24, 16), (20, 20), (3, 16, 24), (24, 16), (16, 16), (2, 2, 8, 8)]),
     ("adamw", {"lr": 3e-3, "weight_decay": 0.01}, [(50,), (40, 8), (13,)]),
     ("normuon", {"lr": 0.02, **NS}, [(16, 16), (16, 16), (8, 32)]),
     ("dion3", {"lr": 0.03, "fraction": 0.25, **NS}, [(32, 16), (32, 16), (32, 16), (16, 48)]),
     ("lion", {"lr": 1e-3}, [(30,)]),
-    ("dion", {"lr": 0.02}, [(16, 24), (16, 24), (3, 16, 24), (24, 16), (20, 20), (2, 2, 8, 8)]),
+    ("dion", {"lr": 0.02, "batched": True}, [(16, 24), (16, 24), (3, 16, 24), (24, 16), (20, 20), (2, 2, 8, 8)]),
     ("dion", {"lr": 0.02, "flatten": True, "rank_fraction": 0.5}, [(8, 4, 6), (8, 24)]),
 ]
 DION_PARAMS = [k for k, algo in enumerate(a for a, _, shapes in SPEC for _ in shapes) if algo == "dion"]
@@ -253,7 +254,7 @@ def scenario_mismatch(pg, rank, world, out):
     try:
         opt.step()
         res["step"] = None
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # the failing rank's own error is a ValueError
         res["step"] = str(e)
     res["unchanged"] = all(torch.equal(p, q) for p, q in zip(flat_params(groups), before))
     t = torch.ones(1, device=dev)

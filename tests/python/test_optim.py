@@ -178,7 +178,7 @@ def test_load_state_dict_mismatch_raises_and_changes_nothing():
     b = make_params([(12, 21)], seed=5, dtype=torch.float32)
     opt_b = _run(lambda ps: orthopt.Muon(ps, lr=0.05), b, 1)
     before = {k: v.clone() for k, v in opt_b.state[b[0]].items()}
-    with pytest.raises(RuntimeError, match="shape"):
+    with pytest.raises(ValueError, match="shape"):
         opt_b.load_state_dict(sd)
     assert opt_b.param_groups[0]["lr"] == 0.05
     for k, v in opt_b.state[b[0]].items():
@@ -256,6 +256,52 @@ def test_param_groups_routing():
     assert opt.step_count == 1
 
 
+def test_param_groups_route_embeddings_and_heads_by_module_type():
+    """nn.Embedding weights (any name: GPT-2's position table `transformer.wpe`, here `pos`) and the
+    output head (tied to the embedding, or the last nn.Linear with the vocabulary size as
+    out_features, any name) go to the no-decay scalar group."""
+    class Net(torch.nn.Module):
+        def __init__(self, tie):
+            super().__init__()
+            self.tokens = torch.nn.Embedding(50, 8)
+            self.pos = torch.nn.Embedding(16, 8)
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            self.readout = torch.nn.Linear(8, 50, bias=False)
+            if tie:
+                self.readout.weight = self.tokens.weight
+
+    for tie in (False, True):
+        groups = orthopt.param_groups(Net(tie))
+        by_name = {n: (g["algorithm"], g.get("weight_decay")) for g in groups for n in g["param_names"]}
+        assert by_name["tokens.weight"] == ("adamw", 0.0)
+        assert by_name["pos.weight"] == ("adamw", 0.0)
+        assert by_name["proj.weight"][0] == "muon"
+        if not tie:
+            assert by_name["readout.weight"] == ("adamw", 0.0)
+        else:
+            assert "readout.weight" not in by_name  # the same tensor as tokens.weight
+
+
+def test_param_groups_refuse_undeclared_3d_weights():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stack = torch.nn.Parameter(torch.randn(4, 16, 8))
+
+    with pytest.raises(ValueError, match="'stack' is 3-D .*batch_patterns.*flatten"):
+        orthopt.param_groups(Net())
+    groups = orthopt.param_groups(Net(), batch_patterns=("stack",))
+    assert groups[0]["param_names"] == ["stack"] and not groups[0].get("flatten")
+    groups = orthopt.param_groups(Net(), matrix={"flatten": True})
+    assert groups[0]["flatten"] is True
+    groups = orthopt.param_groups(Net(), overrides=[(r"stack", {"flatten": True})])
+    assert groups[0]["flatten"] is True
+    opt = orthopt.Muon(groups)
+    for q in opt.param_groups[0]["params"]:
+        q.grad = torch.randn_like(q)
+    opt.step()
+
+
 def test_gram_aspect_threshold_is_a_group_option():
     """auto takes Gram NS when cols >= threshold·rows: a 64×88 matrix (aspect 1.375) runs standard NS
     under the default 1.5 and Gram NS under 1.3, so a step with 1.3 equals one with method='gram'
@@ -273,7 +319,7 @@ def test_gram_aspect_threshold_is_a_group_option():
     assert torch.equal(low, gram)
     assert not torch.equal(low, default)
     assert torch.equal(one_step(gram_aspect_threshold=1.4), default)  # 88 < 1.4·64 = 89.6
-    with pytest.raises(RuntimeError, match="'gram_aspect_threshold'"):
+    with pytest.raises(ValueError, match="'gram_aspect_threshold'"):
         orthopt.Muon(make_params([(8, 8)]), gram_aspect_threshold=0.5)
 
 
@@ -290,29 +336,32 @@ def test_dion_cholesky_qr_option():
     for p, q, w in zip(a, b, w0):
         assert not torch.equal(p, q)
         assert rel(q - w, p - w) < 1e-5
-    with pytest.raises(RuntimeError, match="'dion_qr'"):
+    with pytest.raises(ValueError, match="'dion_qr'"):
         orthopt.Dion(make_params([(8, 8)]), dion_qr="givens")
 
 
 def test_bad_input_errors():
-    with pytest.raises(RuntimeError, match="'algorithm'"):
+    """Bad values are ValueError, bad types TypeError (as torch.optim), each naming the option."""
+    with pytest.raises(ValueError, match="'algorithm'"):
         orthopt.Muon(make_params([(8,)]))
-    with pytest.raises(RuntimeError, match="'lr'"):
+    with pytest.raises(ValueError, match="'lr'"):
         orthopt.Muon(make_params([(8, 8)]), lr=-1.0)
-    with pytest.raises(RuntimeError, match="'momentum'"):
+    with pytest.raises(ValueError, match="'momentum'"):
         orthopt.Muon(make_params([(8, 8)]), momentum=1.0)
-    with pytest.raises(RuntimeError, match="'fraction'"):
+    with pytest.raises(ValueError, match="'fraction'"):
         orthopt.Dion3(make_params([(8, 8)]), fraction=0.0)
-    with pytest.raises(RuntimeError, match="unknown algorithm"):
+    with pytest.raises(ValueError, match="unknown algorithm"):
         orthopt.Muon(make_params([(8, 8)]), algorithm="sgd")
     with pytest.raises(TypeError, match="unknown option"):
         orthopt.Muon(make_params([(8, 8)]), momentun=0.9)
     with pytest.raises(ValueError, match="unknown option"):
         orthopt.Muon([{"params": make_params([(8, 8)]), "nesterv": True}])
-    with pytest.raises(RuntimeError, match="split_sizes"):
+    with pytest.raises(ValueError, match="split_sizes"):
         orthopt.Muon(make_params([(8, 8)]), split_sizes=[3, 3])
-    with pytest.raises(RuntimeError, match="option 'lr': cannot convert <class 'str'>"):
+    with pytest.raises(TypeError, match="option 'lr': expected a float, cannot convert <class 'str'>"):
         orthopt.Muon(make_params([(8, 8)]), lr="fast")
+    with pytest.raises(TypeError, match="option 'lr': expected a value, got None"):
+        orthopt.Muon(make_params([(8, 8)]), lr=None)
     p = make_params([(8, 8)])
     with pytest.raises(ValueError):  # torch itself refuses duplicates across groups
         orthopt.Muon([{"params": p}, {"params": p, "algorithm": "adamw"}])
@@ -320,8 +369,15 @@ def test_bad_input_errors():
     opt = orthopt.Muon(p)
     opt.param_groups[0]["lr"] = float("nan")
     p[0].grad = torch.randn(8, 8, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="'lr'"):
+    with pytest.raises(ValueError, match="'lr'"):
         opt.step()
+    # A refused group added later leaves the optimizer as it was.
+    opt.param_groups[0]["lr"] = 0.01
+    with pytest.raises(ValueError, match="'algorithm'"):
+        opt.add_param_group({"params": make_params([(5,)])})
+    assert len(opt.param_groups) == 1
+    opt.step()
+    assert opt.step_count == 1
 
 
 def test_skip_factor_zero_is_bit_identical():
