@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "orthopt/dist.h"
+#include "orthopt/train/io.h"
 
 namespace orthopt::dist {
 
@@ -83,22 +84,16 @@ void DistributedOptimizer::save_shard(const std::string& dir) const {
   ar.write("steps", steps_t_.cpu(), true);
   ar.write("lr_scale", at::full({}, lr_scale_, at::kDouble), true);
   ar.write("skip_factor", skip_factor_.cpu(), true);
-  const std::string pt = shard_pt(dir, rank);
-  ar.save_to(pt);
-  fsync_path(pt);
+  // Serialized in memory and written checked (train/io.h): the path overload of save_to ends the
+  // process from a destructor when the disk fills up.
+  train::write_file_checked(shard_pt(dir, rank), train::archive_bytes(ar));
 
   json meta = {{"format", kShardFormat},
                {"world_size", ctx_->world_size()},
                {"rank", rank},
                {"segments", segments_json(pieces_, segment_units())},
                {"pieces", pieces}};
-  const std::string js = shard_json(dir, rank);
-  {
-    std::ofstream out(js);
-    out << meta.dump(1) << "\n";
-    TORCH_CHECK(out.good(), "checkpoint: writing '", js, "' failed");
-  }
-  fsync_path(js);
+  train::write_file_checked(shard_json(dir, rank), meta.dump(1) + "\n");
 }
 
 void DistributedOptimizer::load_shards(const std::string& dir) {

@@ -25,6 +25,8 @@
 #include <regex>
 #include <set>
 
+#include "orthopt/train/io.h"
+
 namespace fs = std::filesystem;
 
 namespace orthopt::train {
@@ -123,6 +125,7 @@ namespace {
 
 const std::regex kStepDirName(R"(step_(\d+))");
 const std::regex kTmpDirName(R"(step_.*\.tmp)");
+const std::regex kStagingDirName(R"(\.dist_staging_\d+)");
 constexpr const char* kMetadataFile = "metadata.json";
 
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
@@ -139,16 +142,6 @@ void fsync_path(const std::string& path, bool directory) {
     throw_errno("fsync", path);
   }
   ::close(fd);
-}
-
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno("write", path);
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 // Fault injection (docs/checkpoints.md): the stage named by ORTHOPT_FAULT_CHECKPOINT, read once per
@@ -222,10 +215,7 @@ void remove_stale_tmp_dirs(const std::string& run_dir) {
   }
 }
 
-struct StepDir {
-  int64_t step;
-  std::string path;
-};
+using StepDir = CheckpointDir;
 
 // step_<N> directories of run_dir, newest first (never *.tmp).
 std::vector<StepDir> list_step_dirs(const std::string& run_dir) {
@@ -257,6 +247,25 @@ std::string checkpoint_problem(const std::string& ckpt_dir, CheckpointMeta* meta
 }
 
 }  // namespace
+
+std::vector<CheckpointDir> step_directories(const std::string& run_dir) {
+  try {
+    return list_step_dirs(run_dir);
+  } catch (const fs::filesystem_error& e) {
+    TORCH_CHECK(false, "run directory '", run_dir, "': ", e.what());
+  }
+}
+
+void remove_stale_staging_dirs(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return;
+  try {
+    for (const auto& entry : fs::directory_iterator(run_dir))
+      if (std::regex_match(entry.path().filename().string(), kStagingDirName)) fs::remove_all(entry.path());
+  } catch (const fs::filesystem_error& e) {
+    TORCH_CHECK(false, "removing stale staging directories of '", run_dir, "': ", e.what());
+  }
+}
 
 const std::vector<std::string> kCheckpointFaultStages = {
     "after_tmp_dir", "mid_file",       "after_files",  "mid_metadata",
@@ -341,6 +350,10 @@ bool unchanged_since_valid(const std::string& ckpt_dir) {
 
 // ---------------------------------------------------------------- write
 
+static void write_and_publish(const std::string& run_dir, int64_t step, const std::string& target, const std::string& tmp,
+                              const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
+                              CheckpointMeta meta, bool overwrite, const std::string& fault);
+
 static void write_checkpoint_impl(const std::string& run_dir, int64_t step,
                                   const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
                                   CheckpointMeta meta, bool overwrite) {
@@ -362,7 +375,20 @@ static void write_checkpoint_impl(const std::string& run_dir, int64_t step,
   const std::string tmp = target + ".tmp";
   fs::create_directory(tmp);
   maybe_die(fault, "after_tmp_dir");
+  try {
+    write_and_publish(run_dir, step, target, tmp, files, std::move(meta), overwrite, fault);
+  } catch (...) {
+    // A failed write (a full disk, a throwing writer) gives its space back at once; whatever
+    // is left here is a stale .tmp that the next write removes.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
 
+static void write_and_publish(const std::string& run_dir, int64_t step, const std::string& target, const std::string& tmp,
+                              const std::vector<std::pair<std::string, CheckpointFileWriter>>& files,
+                              CheckpointMeta meta, bool overwrite, const std::string& fault) {
   meta.step = step;
   meta.format_version = kCheckpointFormatVersion;
   meta.files.clear();
@@ -383,15 +409,13 @@ static void write_checkpoint_impl(const std::string& run_dir, int64_t step,
   // metadata.json last: its presence (valid, with matching checksums) is what makes a checkpoint.
   const std::string meta_path = (fs::path(tmp) / kMetadataFile).string();
   const std::string text = meta.to_json().dump(2) + "\n";
-  const int fd = ::open(meta_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_errno("create", meta_path);
   if (fault == "mid_metadata") {
-    write_all(fd, text.data(), text.size() / 2, meta_path);
+    const int fd = ::open(meta_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw_errno("create", meta_path);
+    write_all_checked(fd, text.data(), text.size() / 2, meta_path);
     std::_Exit(137);
   }
-  write_all(fd, text.data(), text.size(), meta_path);
-  if (::fsync(fd) != 0) throw_errno("fsync", meta_path);
-  if (::close(fd) != 0) throw_errno("close", meta_path);
+  write_file_checked(meta_path, text);
   maybe_die(fault, "after_metadata");
 
   fsync_path(tmp, /*directory=*/true);

@@ -107,9 +107,20 @@ std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log) {
       t.stop_after = 0;
       t.inject_nonfinite.clear();
       t.progress = "off";
-      std::ofstream run_log((fs::path(c.run_dir) / (alg + "_seed" + std::to_string(seed) + ".log")).string());
+      const std::string log_path = (fs::path(c.run_dir) / (alg + "_seed" + std::to_string(seed) + ".log")).string();
+      std::ostringstream run_log;
       const auto t_run = std::chrono::steady_clock::now();
-      const TrainResult r = train(t, run_log);
+      TrainResult r;
+      try {
+        r = train(t, run_log);
+      } catch (...) {
+        try {
+          write_file_atomically(log_path, run_log.str());  // the failed run's log, when the disk takes it
+        } catch (const c10::Error&) {
+        }
+        throw;
+      }
+      write_file_atomically(log_path, run_log.str());  // checked, like every output of compare
       ++run_index;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

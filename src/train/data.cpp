@@ -1,6 +1,8 @@
 // Text data for the trainer (see include/orthopt/train/data.h).
 #include "orthopt/train/data.h"
 
+#include "orthopt/train/io.h"
+
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -26,26 +28,26 @@ std::string default_corpus_path() {
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot create ", tmp, ": ", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      TORCH_CHECK(false, "cannot write ", tmp, ": ", std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
+  auto fail = [&](const char* what, int err) {
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot publish ", path, ": ", std::strerror(err));
+    TORCH_CHECK(false, "cannot ", what, " '", path, "': ", std::strerror(err));
+  };
+  try {
+    write_all_checked(fd, bytes.data(), bytes.size(), path);  // names the target; the fault hook matches it
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("fsync", err);
+  }
+  if (::close(fd) != 0) fail("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("publish", errno);
 }
 
 namespace {

@@ -30,6 +30,7 @@
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/data.h"
 #include "orthopt/train/guards.h"
+#include "orthopt/train/io.h"
 #include "orthopt/train/model.h"
 #include "orthopt/train/schedule.h"
 
@@ -162,9 +163,10 @@ std::vector<ParamGroup> make_param_groups(const Transformer& model, const TrainC
 
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read ", path);
+  TORCH_CHECK(in, "cannot read '", path, "'");
   std::ostringstream ss;
-  ss << in.rdbuf();
+  if (in.peek() != std::ifstream::traits_type::eof()) ss << in.rdbuf();
+  TORCH_CHECK(!in.bad() && ss, "cannot read '", path, "': read error");
   return ss.str();
 }
 
@@ -176,21 +178,6 @@ std::string format_duration(double s) {
   else if (t >= 60) ss << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
   else ss << t << "s";
   return ss.str();
-}
-
-// Step directories named step_<N> (complete or not; *.tmp excluded) with their N.
-std::vector<std::pair<int64_t, std::string>> step_dirs(const std::string& run_dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  if (!fs::is_directory(run_dir, ec)) return out;
-  static const std::regex name_re(R"(step_(\d+))");
-  for (const auto& e : fs::directory_iterator(run_dir)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(name, m, name_re)) out.emplace_back(std::stoll(m[1]), e.path().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace
@@ -236,18 +223,18 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
 
   // ---- run directory: decide fresh start or resume before writing anything ----
   const std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
-  const auto existing = step_dirs(c.run_dir);
+  const auto existing = step_directories(c.run_dir);  // newest first
   c10::optional<std::string> resume_from;
   CheckpointMeta meta;
   if (c.resume) {
     resume_from = latest_valid_checkpoint(c.run_dir);
     // A newer step directory that is not valid is corruption, not a crash (crashes only leave
     // *.tmp directories): refuse rather than silently go back or overwrite it later.
-    if (!existing.empty() && (!resume_from || existing.back().second != fs::path(*resume_from).string())) {
+    if (!existing.empty() && (!resume_from || existing.front().path != fs::path(*resume_from).string())) {
       try {
-        verify_checkpoint(existing.back().second);
+        verify_checkpoint(existing.front().path);
       } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "--resume: checkpoint ", existing.back().second, " is corrupted (",
+        TORCH_CHECK(false, "--resume: checkpoint ", existing.front().path, " is corrupted (",
                     e.what_without_backtrace(), "); move it away to resume from ",
                     resume_from ? *resume_from : std::string("scratch"));
       }
@@ -259,7 +246,10 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
                 "' already holds a run; pass --resume to continue it or choose another --run-dir");
   }
   if (ctx) ctx->barrier();  // every rank has checked the run directory before the lead writes
-  if (lead) fs::create_directories(c.run_dir);
+  if (lead) {
+    fs::create_directories(c.run_dir);
+    remove_stale_staging_dirs(c.run_dir);  // left by a data-parallel run killed while saving
+  }
   if (lead && !resume_from) write_file_atomically((fs::path(c.run_dir) / "config.json").string(), to_json(c).dump(2) + "\n");
 
   // ---- model, optimizer, guards, sampler ----
@@ -342,8 +332,12 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   // after a resume's load(), which replaces the state tensors a graph would have baked in.
   std::unique_ptr<CudaGraphOptimizer> graph;
   if (c.cuda_graph) graph = std::make_unique<CudaGraphOptimizer>(*single);
-  std::ofstream metrics(lead ? metrics_path : std::string("/dev/null"), std::ios::app);
-  TORCH_CHECK(metrics, "cannot open ", metrics_path, " for appending");
+  // Every line is written whole or the run stops (io.h): a checkpoint never copies a cut file.
+  std::unique_ptr<AppendFile> metrics;
+  if (lead) metrics = std::make_unique<AppendFile>(metrics_path);
+  auto log_metrics = [&](const json& record) {
+    if (metrics) metrics->append(record.dump() + "\n");
+  };
 
   const bool tty = c.progress == "on" || (c.progress == "auto" && &log == &std::cout && ::isatty(STDOUT_FILENO));
   const int64_t end_step = c.stop_after > 0 ? c.stop_after : c.steps;
@@ -369,7 +363,6 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   };
 
   auto save_checkpoint = [&]() {
-    metrics.flush();
     CheckpointMeta m;
     m.tokens_seen = tokens_seen;
     m.config_sha256 = config_hash;
@@ -380,8 +373,18 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
                {"skipped_spike", result.skipped_spike}, {"evals", evals}, {"schedule_t", step},
                {"optimizer_steps", distributed ? distributed->step_count() : single->step_count()}};
     std::vector<std::pair<std::string, CheckpointFileWriter>> files = {
-        {"model.pt", [&](const std::string& p) { torch::serialize::OutputArchive a; model->save(a); a.save_to(p); }},
-        {"optimizer.pt", [&](const std::string& p) { torch::serialize::OutputArchive a; single->save(a); a.save_to(p); }},
+        {"model.pt",
+         [&](const std::string& p) {
+           torch::serialize::OutputArchive a;
+           model->save(a);
+           write_file_checked(p, archive_bytes(a));
+         }},
+        {"optimizer.pt",
+         [&](const std::string& p) {
+           torch::serialize::OutputArchive a;
+           single->save(a);
+           write_file_checked(p, archive_bytes(a));
+         }},
         {"guards.pt",
          [&](const std::string& p) {
            torch::serialize::OutputArchive a;
@@ -394,9 +397,9 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
              rng = gen.get_state();
            }
            a.write("torch_cpu_rng", rng);
-           a.save_to(p);
+           write_file_checked(p, archive_bytes(a));
          }},
-        {"metrics.jsonl", [&](const std::string& p) { std::ofstream(p, std::ios::binary) << read_whole_file(metrics_path); }},
+        {"metrics.jsonl", [&](const std::string& p) { write_file_checked(p, read_whole_file(metrics_path)); }},
     };
     std::string staging;
     if (distributed) {
@@ -405,7 +408,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
       files.erase(std::find_if(files.begin(), files.end(), [](const auto& f) { return f.first == "optimizer.pt"; }));
       staging = (fs::path(c.run_dir) / fmt::format(".dist_staging_{}", step)).string();
       if (lead) {
-        fs::remove_all(staging);
+        remove_stale_staging_dirs(c.run_dir);
         fs::create_directories(staging);
       }
       ctx->barrier();
@@ -513,16 +516,15 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     line["tokens"] = tokens_seen;
     line["time_s"] = elapsed;
     line["tokens_per_s"] = tok_s;
-    metrics << line.dump() << "\n";
+    log_metrics(line);
 
     if (s % c.eval_every == 0 || s == c.steps) {
       const double v = evaluate();
       result.evals.push_back({s, v});
-      metrics << json{{"type", "eval"}, {"step", s}, {"val_loss", v}, {"val_bpb", bits_per_byte(v)}}.dump() << "\n";
+      log_metrics(json{{"type", "eval"}, {"step", s}, {"val_loss", v}, {"val_bpb", bits_per_byte(v)}});
       log << (tty ? "\r\033[K" : "") << "step " << s << " eval: val loss " << std::fixed << std::setprecision(4) << v
           << ", " << std::setprecision(3) << bits_per_byte(v) << " bits/byte" << std::defaultfloat << "\n";
     }
-    metrics.flush();
 
     const double eta = (elapsed / static_cast<double>(steps_here)) * static_cast<double>(end_step - s);
     std::ostringstream status;

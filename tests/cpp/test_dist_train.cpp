@@ -154,3 +154,22 @@ TEST(DistTrain, MoETwoRanksResumeEqualsUninterruptedRun) {
   ASSERT_EQ(resumed.size(), full.size());
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "line " << i;
 }
+
+TEST(DistTrain, LeadKilledAfterPublishLeavesNoStagingDirectoryBehind) {
+  REQUIRE_BIN_AND_GLOO();
+  // The lead dies right after publishing step 3 (before it removes the staging directory of the
+  // ranks' shards); the launcher then stops the other rank. The next run removes the leftover.
+  const fs::path a = scratch() / "killed_after_publish";
+  ::setenv("ORTHOPT_FAULT_CHECKPOINT", "after_rename", 1);
+  auto r = train(a, "--nproc 2");
+  ::unsetenv("ORTHOPT_FAULT_CHECKPOINT");
+  ASSERT_NE(r.rc, 0) << r.out;
+  ASSERT_TRUE(fs::exists(a / "step_3" / "metadata.json")) << r.out;
+  ASSERT_TRUE(fs::exists(a / ".dist_staging_3")) << "the kill did not land between publish and cleanup: " << r.out;
+  r = train(a, "--nproc 2 --resume");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(a))
+    EXPECT_EQ(e.path().filename().string().rfind(".dist_staging_", 0), std::string::npos) << e.path();
+  EXPECT_TRUE(fs::exists(a / "step_6" / "metadata.json"));
+}

@@ -44,6 +44,19 @@ using CheckpointFileWriter = std::function<void(const std::string& path)>;
 // "<run_dir>/step_<step>"
 std::string checkpoint_dir(const std::string& run_dir, int64_t step);
 
+struct CheckpointDir {
+  int64_t step;
+  std::string path;
+};
+// The step_<N> directories of run_dir (valid or not; never *.tmp), newest first; none when
+// run_dir does not exist. A name whose N does not fit int64 is skipped with a warning on stderr.
+std::vector<CheckpointDir> step_directories(const std::string& run_dir);
+
+// Removes <run_dir>/.dist_staging_<N> directories: a data-parallel save stages every rank's files
+// there, and one killed between the publish and the removal leaves it behind. Call only while no
+// rank is saving.
+void remove_stale_staging_dirs(const std::string& run_dir);
+
 // Publishes checkpoint `step` (docs/checkpoints.md "publish protocol"):
 //  1. removes stale step_*.tmp directories left by earlier crashes;
 //  2. writes every file into <run_dir>/step_<N>.tmp/ through its callback, fsyncs it and records
@@ -52,7 +65,9 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step);
 //  4. renames it to step_<N> and fsyncs run_dir.
 // An existing step_<N> is an error (c10::Error, nothing changed) unless overwrite = true, in which
 // case it is replaced atomically. File names must be plain names (no '/'), unique, and not
-// "metadata.json". A callback that throws leaves only a stale .tmp directory.
+// "metadata.json". A callback that throws, or a failed write (a full disk: c10::Error naming the
+// file and the errno text), publishes nothing and removes the .tmp directory (best effort; a
+// leftover is a stale .tmp). Callbacks should write through io.h's checked writers.
 // Fault injection: ORTHOPT_FAULT_CHECKPOINT=<stage> makes the process std::_Exit(137) at that
 // stage (kCheckpointFaultStages); an unknown stage name is an error.
 void write_checkpoint(const std::string& run_dir, int64_t step,
