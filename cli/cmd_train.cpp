@@ -2,6 +2,7 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -90,22 +91,35 @@ std::string flag_of(const std::string& key) {
   return f;
 }
 
+// A non-negative integer up to 2^64-1 (std::stoull alone would wrap "-1" to 2^64-1).
+uint64_t parse_uint(const std::string& flag, const std::string& s) {
+  const bool digits = !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  TORCH_CHECK(digits, flag, ": expected a non-negative integer, got '", s, "'");
+  try {
+    return std::stoull(s);
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, flag, ": '", s, "' is out of range (at most 18446744073709551615)");
+  }
+}
+
 json convert(const FlagSpec& spec, const std::string& text) {
   const std::string flag = flag_of(spec.key);
   auto parse_int = [&](const std::string& s) -> int64_t {
     size_t pos = 0;
     int64_t v = 0;
-    try { v = std::stoll(s, &pos); } catch (const std::exception&) { pos = 0; }
+    try {
+      v = std::stoll(s, &pos);
+    } catch (const std::out_of_range&) {
+      TORCH_CHECK(false, flag, ": '", s, "' is out of range (a 64-bit integer)");
+    } catch (const std::exception&) {
+      pos = 0;
+    }
     TORCH_CHECK(pos == s.size() && !s.empty(), flag, ": expected an integer, got '", s, "'");
     return v;
   };
   switch (spec.kind) {
     case Kind::Int: return parse_int(text);
-    case Kind::UInt: {
-      const int64_t v = parse_int(text);
-      TORCH_CHECK(v >= 0, flag, ": expected a non-negative integer, got '", text, "'");
-      return static_cast<uint64_t>(v);
-    }
+    case Kind::UInt: return parse_uint(flag, text);
     case Kind::Double: {
       size_t pos = 0;
       double v = 0;
@@ -200,7 +214,7 @@ struct CompareArgs {
   TrainArgs train;
   std::vector<std::string> algorithms;
   std::vector<std::string> lrs;  // alg=lr
-  std::vector<uint64_t> seeds;
+  std::vector<std::string> seeds;  // converted by parse_uint: CLI11 would wrap -1
   double target_loss = 0.0;
   std::string run_dir = "runs/compare";
   bool no_plot = false;
@@ -219,7 +233,10 @@ int run_compare_cmd(const CompareArgs& args) {
   defaults["run_dir"] = args.run_dir;
   cc.base = build_config(args.train, defaults);
   if (!args.algorithms.empty()) cc.algorithms = args.algorithms;
-  if (!args.seeds.empty()) cc.seeds = args.seeds;
+  if (!args.seeds.empty()) {
+    cc.seeds.clear();
+    for (const auto& seed : args.seeds) cc.seeds.push_back(parse_uint("--seeds", seed));
+  }
   for (const auto& item : args.lrs) {
     const size_t eq = item.find('=');
     TORCH_CHECK(eq != std::string::npos && eq > 0, "--lrs: expected algorithm=lr, got '", item, "'");

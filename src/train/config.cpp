@@ -4,7 +4,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "orthopt/optim.h"
@@ -14,6 +18,7 @@
 namespace orthopt::train {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 double default_matrix_lr(const std::string& algorithm) {
   // Best of a factor-2 grid on the tiny preset, default corpus, compare's 300 steps of 16×64 bytes,
@@ -65,6 +70,10 @@ void read_key(const json& j, const char* key, T& out, std::set<std::string>& see
       TORCH_CHECK(it->is_number_unsigned(), "expected a non-negative integer");
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       TORCH_CHECK(it->is_number_integer(), "expected an integer");
+      // nlohmann keeps integers above INT64_MAX unsigned; get<int64_t> would wrap them negative.
+      TORCH_CHECK(!it->is_number_unsigned() ||
+                      it->template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
+                  "out of range (at most ", std::numeric_limits<T>::max(), ")");
     } else if constexpr (std::is_same_v<T, bool>) {
       TORCH_CHECK(it->is_boolean(), "expected true or false");
     } else if constexpr (std::is_same_v<T, std::string>) {
@@ -186,13 +195,26 @@ void validate(const TrainConfig& c) {
 }
 
 json read_config_file(const std::string& path) {
+  std::error_code ec;
+  TORCH_CHECK(fs::exists(path, ec), "--config: file '", path, "' does not exist");
+  TORCH_CHECK(!fs::is_directory(path, ec), "--config: '", path, "' is a directory, not a JSON file");
   std::ifstream in(path);
-  TORCH_CHECK(in, "--config: cannot open '", path, "'");
+  TORCH_CHECK(in, "--config: cannot open '", path, "': ", std::strerror(errno));
+  json j;
   try {
-    return json::parse(in);
+    j = json::parse(in);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "--config '", path, "': not valid JSON: ", e.what());
+  } catch (const std::exception& e) {  // a read error of the stream
+    TORCH_CHECK(false, "--config '", path, "': cannot read it: ", e.what());
   }
+  TORCH_CHECK(j.is_object(), "--config '", path, "': expected a JSON object of config keys, got ", j.type_name());
+  // Flags are merged over the file as a JSON merge patch, where null deletes a key: refused here
+  // rather than silently meaning the default.
+  for (const auto& item : j.items())
+    TORCH_CHECK(!item.value().is_null(), "--config '", path, "': config key '", item.key(),
+                "' is null (leave the key out for its default)");
+  return j;
 }
 
 const std::vector<std::string>& resume_volatile_keys() {
