@@ -160,6 +160,24 @@ at::Tensor kernel_path_norms(const at::Tensor& G3) {
 }
 #endif
 
+// A power of two per matrix [B, 1, 1] of X [B, m, n] (fp32 or fp64) that brings its largest
+// magnitude into [1, 2): dividing by it is exact, and the Frobenius norm of the quotient can
+// neither overflow (fp32 squares overflow beyond |x| ≈ 1.8e19, which made the norm Inf and the
+// result all zeros) nor underflow. 1 where the maximum is Inf or NaN, 2^-126 (2^-1022) where it is
+// zero or subnormal. Built from the exponent bits of max|x|, so no rounding is involved.
+at::Tensor pow2_scale(const at::Tensor& X) {
+  const at::Tensor amax = at::linalg_vector_norm(X, INFINITY, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  const bool fp64 = X.scalar_type() == at::kDouble;
+  TORCH_CHECK(fp64 || X.scalar_type() == at::kFloat, "pow2_scale: expected fp32 or fp64, got ", X.scalar_type());
+  const int64_t exponent_mask = fp64 ? 0x7ff0000000000000LL : 0x7f800000LL;
+  const int64_t min_normal = fp64 ? 0x0010000000000000LL : 0x00800000LL;
+  const int64_t one = fp64 ? 0x3ff0000000000000LL : 0x3f800000LL;
+  at::Tensor e = at::bitwise_and(amax.view(fp64 ? at::kLong : at::kInt), exponent_mask);
+  e.masked_fill_(e.eq(0), min_normal);
+  e.masked_fill_(e.eq(exponent_mask), one);
+  return e.view(X.scalar_type());
+}
+
 // How a batch G3 [B, r, c] is orthogonalized: tall (r > c: NS works on its transpose), m ≤ n
 // the sizes NS sees, the method and the compute dtype.
 struct NsShape {
@@ -217,10 +235,20 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
   // The reference path (CPU, fp64, ORTHOPT_GPU_KERNELS=0).
   const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor X = tall ? G3.transpose(1, 2) : G3;
-  X = X.to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
-  const at::Tensor norm = given_norm.defined() ? given_norm.to(norm_dtype)
-                                               : at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
-  return (X / (norm * s.safety + s.eps)).to(compute).contiguous();
+  if (given_norm.defined()) {
+    X = X.to(norm_dtype).contiguous();
+    return (X / (given_norm.to(norm_dtype) * s.safety + s.eps)).to(compute).contiguous();
+  }
+  // X/(‖X‖·safety + eps) computed as X'/(‖X'‖·safety + eps/p) with X' = X/p, p = pow2_scale(X):
+  // every step is exactly scaled by the power of two, so the bits are those of the direct formula
+  // wherever it neither overflows nor underflows, and finite inputs of any magnitude (fp64 ones
+  // beyond the fp32 range included: scaled before the cast) give their polar factor.
+  const at::Tensor wide = X.scalar_type() == at::kDouble ? X : X.to(norm_dtype);
+  const at::Tensor p = pow2_scale(wide);
+  X = (wide / p).to(norm_dtype).contiguous();  // a tall input then reduces like its wide transpose
+  const at::Tensor eps = (p.reciprocal() * s.eps).to(norm_dtype);
+  const at::Tensor norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  return (X / (norm * s.safety + eps)).to(compute).contiguous();
 }
 
 // Whether an independent chain of NS products (a standard input, or a Gram group) goes to one of
@@ -504,6 +532,13 @@ void validate_ortho_args(const at::Tensor& G, const OrthoOptions& opt) {
 
 namespace {
 
+// Where values are computed (not in validate_ortho_args, which the optimizer runs on meta tensors
+// to check shapes): before anything reads them, as the non-finite check would inside ATen.
+void check_has_values(const at::Tensor& G) {
+  TORCH_CHECK_VALUE(!G.defined() || !G.is_meta(), "argument 'G': meta tensors are not supported (orthogonalize "
+                    "computes values; a meta tensor has none)");
+}
+
 // NonFinitePolicy::Error: whether G is all finite, as a device flag computed before the work and
 // read (one host sync) only after the work is enqueued, so the GPU does not idle while the host
 // launches the work after the sync (the cost of reading it first was not measured apart from the
@@ -515,9 +550,11 @@ struct FiniteCheck {
   // checked entry by entry.
   at::Tensor G_of_norms;
 
-  void verify() const {
-    if (!flag.defined() || flag.item<bool>()) return;
-    if (G_of_norms.defined() && at::isfinite(G_of_norms).all().item<bool>()) return;
+  // Throws when G holds NaN or Inf; true when G is finite but a norm overflowed (the result,
+  // scaled by an infinite norm, is then all zeros and must be recomputed).
+  bool verify() const {
+    if (!flag.defined() || flag.item<bool>()) return false;
+    if (G_of_norms.defined() && at::isfinite(G_of_norms).all().item<bool>()) return true;
     TORCH_CHECK(false, "argument 'G': contains NaN or Inf (pass nonfinite=propagate to let them through)");
   }
 };
@@ -529,6 +566,7 @@ FiniteCheck finite_check(const at::Tensor& G, const OrthoOptions& opt) {
 // orthogonalize_in_compute_dtype(), or, with result_dtype, the result in that dtype where the
 // last product can write it (the GPU kernels, fp32) and in the compute dtype elsewhere.
 at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::optional<at::ScalarType> result_dtype) {
+  check_has_values(G);
   validate_ortho_args(G, opt);
   const Schedule s = resolve_schedule(opt);
   const at::Tensor M = (opt.flatten && G.dim() > 2) ? G.reshape({G.size(0), -1}) : G;
@@ -554,8 +592,20 @@ at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::
   }
 #endif
   if (!finite.flag.defined()) finite = finite_check(G, opt);
-  const at::Tensor out = orthogonalize_batches({G3}, opt, s, norms, result_dtype)[0];
+  at::Tensor out = orthogonalize_batches({G3}, opt, s, norms, result_dtype)[0];
+#ifdef ORTHOPT_WITH_CUDA
+  if (finite.verify()) {
+    // The kernels' fp32 norm overflowed on finite entries (|x| beyond ≈ 1.8e19): again on G3
+    // divided by a power of two per matrix (exact), whose norm is finite. eps then acts on the
+    // scaled matrix, a relative change below 1e-7. Only this path (nonfinite=error) has the
+    // host sync that finds it; with nonfinite=propagate the kernels' result stays zeros.
+    const at::Tensor p = pow2_scale(G3.to(at::kFloat));
+    const at::Tensor scaled = (G3.to(at::kFloat) / p).to(G3.scalar_type()).contiguous();
+    out = orthogonalize_batches({scaled}, opt, s, {kernel_path_norms(scaled)}, result_dtype)[0];
+  }
+#else
   finite.verify();
+#endif
   return out.reshape(G.sizes());
 }
 
@@ -586,7 +636,10 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
                                                                    const std::vector<const FoldedUpdate*>& updates) {
   TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
               "before, or call orthogonalize per tensor)");
-  for (const auto& G : Gs) validate_ortho_args(G, opt);
+  for (const auto& G : Gs) {
+    check_has_values(G);
+    validate_ortho_args(G, opt);
+  }
   TORCH_CHECK(norms.empty() || norms.size() == Gs.size(), "argument 'norms': expected none or ", Gs.size(),
               " tensors, got ", norms.size());
   TORCH_CHECK(prepared.empty() || prepared.size() == Gs.size(), "argument 'prepared': expected none or ", Gs.size(),

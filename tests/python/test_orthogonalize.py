@@ -274,3 +274,63 @@ def test_nonfinite_policy():
 def test_bad_input_names_the_argument(G, kwargs, argument):
     with pytest.raises((RuntimeError, ValueError), match=f"argument '{argument}'"):
         orthopt.orthogonalize(G, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Magnitudes: the polar factor does not depend on the scale of G, so finite inputs far outside
+# the range where the fp32 sum of squares is finite (|x| beyond about 1.8e19) or normal must give
+# the same result as the unscaled matrix. Compared with the float64 reference of the unscaled
+# input (eps / ‖G‖ is below 1e-6 relative there, far inside the 1e-4 of fp32 compute).
+
+
+def reference_scale_free(G):
+    """reference_ns without eps: X/‖X‖ is what X/(‖X‖·safety + eps) tends to as ‖X‖ grows."""
+    triples, tail, safety, _ = REFERENCE_SCHEDULES["polar_express"]
+    return torch.stack([reference_matrix(g, (triples, tail, safety, 0.0), 5)
+                        for g in G.reshape(-1, G.shape[-2], G.shape[-1])]).reshape(G.shape)
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, 2.0**120])
+@pytest.mark.parametrize("shape", [(2, 3), (3, 2), (24, 40), (2, 16, 16)])
+def test_huge_finite_input_gives_the_unscaled_result(shape, scale):
+    gen = torch.Generator().manual_seed(7)
+    G = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    big = (G * scale).to(torch.float32)
+    assert torch.isfinite(big).all()
+    want = reference_scale_free(G)
+    out = orthopt.orthogonalize(big, method="standard", compute_dtype=torch.float32)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, want) < 1e-4  # fp32 compute, as test_matches_float64_reference
+    # The default method too: as for the unscaled input (which differs by the fp32 rounding of G).
+    assert rel_err(orthopt.orthogonalize(big), orthopt.orthogonalize(G.to(torch.float32))) < 1e-4
+
+
+def test_fp64_input_beyond_the_fp32_range():
+    gen = torch.Generator().manual_seed(8)
+    G = torch.randn(20, 12, generator=gen, dtype=torch.float64)
+    for compute in (None, torch.float64):
+        out = orthopt.orthogonalize(G * 1e300, compute_dtype=compute)
+        assert torch.isfinite(out).all()
+        # fp32 compute: as above; fp64 compute: float64 rounding only.
+        assert rel_err(out, reference_scale_free(G)) < (1e-4 if compute is None else 1e-10)
+
+
+def test_muon_step_on_a_huge_gradient_moves_the_weights():
+    # A gradient of 1e20 used to orthogonalize to zeros: the step silently made no update.
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(16, 24, generator=gen)
+    updates = []
+    for grad in (g, g * 1e20):
+        p = torch.nn.Parameter(torch.zeros(16, 24))
+        opt = orthopt.Muon([p], lr=0.1, weight_decay=0.0)
+        p.grad = grad.clone()
+        opt.step()
+        updates.append(p.detach().clone())
+    assert updates[0].abs().max() > 0
+    # The same update up to fp32 NS rounding (the inputs differ only in eps's share, 1e-6/‖g‖).
+    assert rel_err(updates[1], updates[0]) < 1e-4
+
+
+def test_meta_tensor_is_refused_naming_the_argument():
+    with pytest.raises((ValueError, TypeError), match="argument 'G': meta tensors are not supported"):
+        orthopt.orthogonalize(torch.empty(8, 16, device="meta"))
