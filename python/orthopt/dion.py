@@ -13,13 +13,25 @@ dion's sharded-mesh options (``outer_shard_mesh``, ``inner_shard_mesh``) are ref
 ValueError. ``distributed_mesh`` (``replicate_mesh`` for Dion) may be None, a ProcessGroup or a
 1-D DeviceMesh: its group becomes ``process_group`` (data parallel, whole-matrix ownership).
 """
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
 import torch
 
 from . import optim as _o
 
-__all__ = ["Muon", "NorMuon", "Dion", "Dion2", "NorDion2", "Dion3"]
+__all__ = ["Muon", "NorMuon", "Dion", "Dion2", "NorDion2", "Dion3", "DionMixedPrecisionConfig"]
+
+
+@dataclass
+class DionMixedPrecisionConfig:
+    """dion's state dtypes for Dion (None: the parameter's dtype). orthopt keeps momenta in the
+    parameter's dtype and Q in fp32, so Dion accepts None for each and float32 for Q_dtype, and
+    refuses other dtypes with a ValueError."""
+
+    momentum_dtype: Optional[torch.dtype] = None
+    Q_dtype: Optional[torch.dtype] = None
+    variance_dtype: Optional[torch.dtype] = None
 
 
 def _process_group(mesh, argument):
@@ -216,7 +228,8 @@ class Dion(_o.Dion):
         epsilon (float): eps of Q's column normalization and of the AdamW groups (default: 1e-8).
         power_iters (int): must be 1.  qr_method (str): 'rcqr' accepted; orthopt orthonormalizes P by
             Householder QR (dion_qr). cqr_warmup_steps, rcqr_oversample: accepted, no effect.
-        mixed_precision_config: must be None.
+        mixed_precision_config (DionMixedPrecisionConfig, optional): None, or state dtypes orthopt keeps
+            (momentum and variance: None; Q: None or torch.float32).
     """
 
     def __init__(self, params: _o.ParamsT, replicate_mesh: Optional[Any] = None, outer_shard_mesh: Optional[Any] = None,
@@ -240,7 +253,13 @@ class Dion(_o.Dion):
                 raise ValueError(f"argument '{name}': sharded Dion is not supported; pass None (data parallel over "
                                  "replicate_mesh only)")
         if mixed_precision_config is not None:
-            raise ValueError("argument 'mixed_precision_config': not supported; pass None")
+            for field, allowed in (("momentum_dtype", (None,)), ("Q_dtype", (None, torch.float32)),
+                                   ("variance_dtype", (None,))):
+                value = getattr(mixed_precision_config, field, None)
+                if value not in allowed:
+                    raise ValueError(f"argument 'mixed_precision_config': {field}={value} is not supported (orthopt "
+                                     "keeps momenta in the parameter's dtype and Q in fp32); allowed: "
+                                     f"{', '.join(str(a) for a in allowed)}")
         super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=mu, rank_fraction=float(rank_fraction),
                          eps=epsilon, process_group=_process_group(replicate_mesh, "replicate_mesh"),
                          betas=tuple(betas))

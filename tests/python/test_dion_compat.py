@@ -208,6 +208,9 @@ def test_dion_argument_errors():
         od.Dion(p, outer_shard_mesh=object())
     with pytest.raises(ValueError, match="rank_multiple_of"):
         od.Dion(p, rank_multiple_of=8)
+    od.Dion(p, mixed_precision_config=od.DionMixedPrecisionConfig(Q_dtype=torch.float32))
+    with pytest.raises(ValueError, match="momentum_dtype=torch.bfloat16"):
+        od.Dion(p, mixed_precision_config=od.DionMixedPrecisionConfig(momentum_dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="'distributed_mesh'"):
         od.Muon(p, distributed_mesh="world")
 
