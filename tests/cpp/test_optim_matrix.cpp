@@ -1,4 +1,4 @@
-// NorMuon, Dion3, Dion, Lion and fp32 master weights against plain float64 reference steps
+// NorMuon, Dion3, Dion2, Dion, Lion and fp32 master weights against plain float64 reference steps
 // (algorithms.md §4–7), plus the Dion3 selection / error-feedback / variance semantics.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -344,6 +344,45 @@ TEST(OptimDion3, RankFormula) {
     p.mutable_grad() = at::randn({10, 12}, at::kDouble);
     opt.step();
     EXPECT_EQ((opt.param_state(0, 0).at("variance") != 0).sum().item<int64_t>(), k) << "f=" << f;
+  }
+}
+
+// ---------------------------------------------------------------- Dion2
+
+// Reference Dion2 step on one matrix (dion's Dion2): Dion3's selection and error feedback on the
+// shorter side (rows when rows <= cols, else columns), no normalization.
+void dion2_ref(at::Tensor W, at::Tensor M, const at::Tensor& G, const GroupOptions& o) {
+  M.add_(G);
+  const int64_t rows = M.size(0), cols = M.size(1);
+  const bool by_cols = rows > cols;
+  at::Tensor X = by_cols ? M.t() : M;  // views: writes reach M
+  const int64_t n = X.size(0);
+  const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.fraction * n)));
+  at::Tensor S = std::get<1>(X.abs().sum(1).topk(k));
+  at::Tensor Xs = X.index_select(0, S).clone();
+  X.index_copy_(0, S, Xs * o.momentum);
+  at::Tensor U = ref::newton_schulz(Xs, "polar_express", 5);
+  at::Tensor D = at::zeros({n, by_cols ? rows : cols}, W.options());
+  D.index_copy_(0, S, U);
+  if (by_cols) D = D.t();
+  double adj = ref::lr_factor("spectral_norm", rows, cols);  // full matrix shape
+  if (o.scale_lr_by_fraction) adj /= std::sqrt(o.fraction);
+  W.copy_(ref::apply(W, D, o.lr, o.lr * adj, o.weight_decay, o.cautious_weight_decay));
+}
+
+TEST(OptimDion2, MatchesReference) {
+  for (double f : {0.25, 0.5, 1.0}) {
+    auto o = matrix_options(Algorithm::Dion2);
+    o.fraction = f;
+    o.momentum = 0.9;
+    o.scale_lr_by_fraction = f == 0.5;
+    auto step = [&](RefParam& r, const at::Tensor& G, size_t) {
+      for (int64_t b = 0; b < r.W.size(0); ++b) dion2_ref(r.W[b], r.M[b], G[b], o);
+    };
+    const double one = compare(o, 1, step), ten = compare(o, 10, step);
+    std::cout << "dion2 f=" << f << ": rel err 1 step " << one << ", 10 steps " << ten << "\n";
+    EXPECT_LT(one, kTol);
+    EXPECT_LT(ten, kTol);
   }
 }
 
