@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "orthopt/dist.h"
 #include "orthopt/optim.h"
+#include "orthopt/train/data.h"
 
 namespace orthopt::cli {
 
@@ -171,7 +172,7 @@ int run_dist_step(const StepArgs& a) {
   }
   if (ctx->rank() == 0) {
     std::cout << out.dump(1) << std::endl;
-    if (!a.json.empty()) std::ofstream(a.json) << out.dump(1) << "\n";
+    if (!a.json.empty()) train::write_file_atomically(a.json, out.dump(1) + "\n");  // checked: names the file
   }
   return 0;
 }
