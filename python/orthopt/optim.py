@@ -614,8 +614,10 @@ class Muon(_OrthoptOptimizer):
                       ns_safety=1.0, ns_eps=eps, lr_adjust=adjust_lr_fn or "original", method="standard",
                       compute_dtype=torch.bfloat16)
         config.update(options)
-        opt = cls(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                  process_group=process_group, **config)
+        # A subclass with another signature (orthopt.dion.Muon) gets orthopt's Muon.
+        target = cls if cls.__init__ is Muon.__init__ else Muon
+        opt = target(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                     process_group=process_group, **config)
         for group in opt.param_groups:
             for p in group["params"]:
                 if group["algorithm"] == "muon" and p.ndim != 2:
