@@ -13,7 +13,8 @@ parallel with whole-matrix ownership (orthopt.dist, docs/distributed.md); DTenso
 Defaults come from the C++ ``orthopt::GroupOptions`` (``_C.optimizer_option_defaults()``); a
 class changes only those its algorithm is known by (AdamW's and Lion's lr, Lion's betas).
 """
-import math
+import functools
+import types
 from collections import defaultdict
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -278,9 +279,12 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
             return given.get(key, self.defaults.get(key, self._group_defaults.get(key, _D[key])))
 
         for i, p in enumerate([params] if isinstance(params, torch.Tensor) else params or []):
+            name = names[i] if i < len(names) else None
+            if isinstance(p, tuple) and len(p) == 2:  # torch 2.x's named parameters
+                name, p = p
             if not isinstance(p, torch.Tensor):
                 continue  # torch's add_param_group refuses it
-            label = f"param group {g}: parameter {i}" + (f" ('{names[i]}')" if i < len(names) else "")
+            label = f"param group {g}: parameter {i}" + (f" ('{name}')" if name is not None else "")
             # Distributed: the engine checks every rank's params collectively (all ranks raise alike).
             if p.is_meta and getattr(self, "process_group", None) is None and not _dt.is_dtensor(p):
                 raise ValueError(f"{label} (shape {tuple(p.shape)}) is on the meta device (argument 'params'): it has "
@@ -339,7 +343,12 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
         if self._dist is not None:
             raise TypeError(f"{type(self).__name__}: a distributed optimizer cannot be copied or pickled (its "
                             "process group cannot); save full_state_dict() and load it into a new optimizer")
-        out = {k: v for k, v in self.__dict__.items() if k not in ("_cpp", "_synced", "_state_version")}
+        # Not copied, as by torch's own __getstate__: the engine (rebuilt), the hooks (torch's
+        # __setstate__ starts them empty) and functions patched onto the instance (an LR scheduler's
+        # step wrapper, which would step the original).
+        out = {k: v for k, v in self.__dict__.items()
+               if k not in ("_cpp", "_synced", "_state_version") and not k.startswith("_optimizer_")
+               and not isinstance(v, (types.FunctionType, types.MethodType, functools.partial))}
         if self._cpp is not None:
             self._alias_state()
             out["_step_offset"] = self.step_count

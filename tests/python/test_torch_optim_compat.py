@@ -92,6 +92,20 @@ def test_pickle_round_trip_gives_a_working_optimizer(cls):
     assert torch.equal(params[0], params2[0])  # the lr scale 0.5 came along too
 
 
+def test_copies_of_an_optimizer_with_a_scheduler_step_themselves():
+    """An LR scheduler patches opt.step with a wrapper bound to opt: a deepcopy or pickle must not
+    keep it (the copy would step the original)."""
+    params = make_params([(6, 8)], seed=3)
+    opt = orthopt.Muon(params, lr=0.02)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for copied in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        twin = copied.param_groups[0]["params"]
+        before = params[0].detach().clone()
+        set_grads(twin, 0)
+        copied.step()
+        assert torch.equal(params[0], before) and not torch.equal(twin[0], before)
+
+
 def test_distributed_optimizer_copy_is_refused_clearly():
     opt = orthopt.Muon(make_params([(4, 4)]))
     opt._dist = object()  # what process_group= sets
