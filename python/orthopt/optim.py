@@ -619,6 +619,18 @@ class Muon(_OrthoptOptimizer):
             raise ValueError("Number of steps must be less than 100 for computational efficiency")
         if not isinstance(ns_coefficients, (tuple, list)) or len(ns_coefficients) != 3:
             raise ValueError("Coefficients must be a tuple of exactly 3 values")
+        if not isinstance(params, torch.Tensor):  # (a tensor: torch's TypeError below)
+            params = [dict(p, params=list(p["params"]) if not isinstance(p["params"], torch.Tensor) else [p["params"]])
+                      if isinstance(p, dict) else p for p in params]
+            for item in params:  # torch.optim.Muon's check, before anything else refuses the parameter
+                group = item if isinstance(item, dict) else {"params": [item]}
+                if group.get("algorithm", options.get("algorithm", "muon")) != "muon":
+                    continue
+                for p in group["params"]:
+                    p = p[1] if isinstance(p, tuple) and len(p) == 2 else p
+                    if isinstance(p, torch.Tensor) and p.ndim != 2:
+                        raise ValueError(f"Muon only supports 2D parameters whereas we found a parameter with size: "
+                                         f"{p.size()}")
         config = dict(momentum_style="ema", schedule=[tuple(float(c) for c in ns_coefficients)], ns_steps=ns_steps,
                       ns_safety=1.0, ns_eps=eps, lr_adjust=adjust_lr_fn or "original", method="standard",
                       compute_dtype=torch.bfloat16)
@@ -627,11 +639,6 @@ class Muon(_OrthoptOptimizer):
         target = cls if cls.__init__ is Muon.__init__ else Muon
         opt = target(params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                      process_group=process_group, **config)
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if group["algorithm"] == "muon" and p.ndim != 2:
-                    raise ValueError(f"Muon only supports 2D parameters whereas we found a parameter with size: "
-                                     f"{p.size()}")
         return opt
 
 

@@ -151,8 +151,14 @@ def test_errors_of_torch_optimizer_base():
         orthopt.Muon([{"params": [p]}, {"params": [p]}])
     with pytest.raises(ValueError, match="empty parameter list"):
         orthopt.Muon([])
-    with pytest.raises(ValueError, match="Muon only supports 2D parameters"):
-        orthopt.Muon.torch_like(make_params([(2, 3, 4)]))
+    for shape in [(2, 3, 4), (5,)]:
+        with pytest.raises(ValueError, match="Muon only supports 2D parameters"):
+            orthopt.Muon.torch_like(make_params([shape]))
+        with pytest.raises(ValueError, match="Muon only supports 2D parameters"):
+            orthopt.Muon.torch_like([{"params": make_params([shape])}])
+    orthopt.Muon.torch_like([{"params": make_params([(5,)]), "algorithm": "adamw"}])  # others: any shape
+    with pytest.raises(TypeError, match="should be an iterable of Tensors or dicts"):
+        orthopt.Muon.torch_like(p)
     with pytest.raises(TypeError, match="unknown option"):
         orthopt.Muon([p], momentun=0.9)
 
