@@ -338,6 +338,15 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
   auto log_metrics = [&](const json& record) {
     if (metrics) metrics->append(record.dump() + "\n");
   };
+  // A failed write ends the run; what it says next is how to go on.
+  auto stopping_on_write_error = [&](auto&& write) {
+    try {
+      write();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, e.msg(), "\nthe run stopped at step ", step,
+                  "; the checkpoints already saved are unchanged: continue with --resume once the disk has room");
+    }
+  };
 
   const bool tty = c.progress == "on" || (c.progress == "auto" && &log == &std::cout && ::isatty(STDOUT_FILENO));
   const int64_t end_step = c.stop_after > 0 ? c.stop_after : c.steps;
@@ -516,12 +525,13 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     line["tokens"] = tokens_seen;
     line["time_s"] = elapsed;
     line["tokens_per_s"] = tok_s;
-    log_metrics(line);
+    stopping_on_write_error([&] { log_metrics(line); });
 
     if (s % c.eval_every == 0 || s == c.steps) {
       const double v = evaluate();
       result.evals.push_back({s, v});
-      log_metrics(json{{"type", "eval"}, {"step", s}, {"val_loss", v}, {"val_bpb", bits_per_byte(v)}});
+      stopping_on_write_error(
+          [&] { log_metrics(json{{"type", "eval"}, {"step", s}, {"val_loss", v}, {"val_bpb", bits_per_byte(v)}}); });
       log << (tty ? "\r\033[K" : "") << "step " << s << " eval: val loss " << std::fixed << std::setprecision(4) << v
           << ", " << std::setprecision(3) << bits_per_byte(v) << " bits/byte" << std::defaultfloat << "\n";
     }
@@ -540,7 +550,7 @@ TrainResult train(const TrainConfig& config, std::ostream& log_arg) {
     }
 
     const bool periodic = c.checkpoint_every > 0 && s % c.checkpoint_every == 0;
-    if (c.save_checkpoints && (periodic || s == end_step)) save_checkpoint();
+    if (c.save_checkpoints && (periodic || s == end_step)) stopping_on_write_error(save_checkpoint);
   }
   if (tty) log << "\n";
 

@@ -318,6 +318,8 @@ TEST(IoFaults, FullDiskWhileWritingEachCheckpointFileStopsTheRunThenResumes) {
     const auto step4 = snapshot(dir / "step_4");
     auto r = run(train_args(dir, {"--resume"}), {{"ORTHOPT_FAULT_ENOSPC", "step_8.tmp/" + file + "@1000"}});
     expect_enospc_error(r, "step_8.tmp/" + file);
+    EXPECT_NE(r.err.find("the run stopped at step 8; the checkpoints already saved are unchanged"), std::string::npos)
+        << r.err;
     EXPECT_EQ(snapshot(dir / "step_4"), step4);
     EXPECT_FALSE(fs::exists(dir / "step_8"));
     EXPECT_TRUE(leftovers(dir).empty()) << leftovers(dir).front();
@@ -343,6 +345,7 @@ TEST(IoFaults, TransientFullDiskOnMetricsStopsTheRunWithWholeLinesThenResumes) {
   const size_t kept = base_lines.size() + 1;  // ... and step 5
   auto r = run(train_args(dir, {"--resume"}), {{"ORTHOPT_FAULT_ENOSPC", metrics + "@" + std::to_string(limit)}});
   expect_enospc_error(r, metrics);
+  EXPECT_NE(r.err.find("the run stopped at step 6"), std::string::npos) << r.err;
   // Whole lines only, those of steps 1-5, and no checkpoint after the failure.
   const auto got = deterministic_metrics(dir);  // throws on a cut line
   ASSERT_EQ(got.size(), kept);
