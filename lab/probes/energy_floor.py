@@ -18,8 +18,8 @@ shape), the NS target (docs/performance.md), and the rate the target asks for ag
 Two more cases give the Llama 1.26B Muon step's sustained floor: its two NS banks (88×2048² and
 66×2048×5632) and a device-to-device copy for its memory passes.
 
-The energy counter moves in coarse steps (on an H200, 2026-12-02: bursts of 40–60 ms often read
-0 J, and 0.5 s blocks at the cap read 590–770 W): a block shorter than 0.3 s gets no energy figure,
+The energy counter moves in coarse steps (short bursts often read 0 J, and blocks at the cap vary
+widely; bench/results/2026-12-02-h200-sustained-floor.md): a block shorter than 0.3 s gets no energy figure,
 and the summary's pJ/FLOP is taken over all sustained blocks of a contender together.
 
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 lab/probes/energy_floor.py [--quick]

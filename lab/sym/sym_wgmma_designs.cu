@@ -1002,7 +1002,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
 // ---- Persistent cooperative kernel (Design::Coop) ----
 // The ping-pong kernel's 128×128 tiles read 32 KiB of operands per 128·128·64 multiply-adds and
-// were L2-bound (76% of L2 throughput at 88×2048², tensor cores 63% busy). Here both consumer
+// were L2-bound in Nsight Compute (bench/results/2026-12-01-h200-coop.md). Here both consumer
 // warpgroups work on one "wide" tile, 128 rows × 256 columns: the lower tiles (i, 2J) and
 // (i, 2J + 1) of row i, which share the A tile (rows of block i). A stage holds A and the two
 // B tiles, 48 KiB for twice the work: 24 KiB per 128·128·64, as cuBLAS's 256×128 tiles. Wide
@@ -1332,7 +1332,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 // loop), with the warpgroup's 128 accumulators spent on 64 rows × 256 columns instead of
 // 128 × 128: one wgmma m64n256k16 per 16-deep step instead of two m64n128k16, which reads
 // 5120 operand elements from shared memory per 64·256·16 multiply-adds instead of 6144
-// (Nsight Compute put ping-pong's L1/shared throughput at 81% at 88×2048²). The 256 columns
+// (Nsight Compute put ping-pong's L1/shared throughput high: bench/results/2026-12-01-h200-wide.md). The 256 columns
 // are the two lower 128×128 tiles of a pair of the pair kernel's lower_pair; unit n of a CTA is
 // the 64-row half n mod 2 of its pair n / 2, so warpgroup w always takes half w. A pair of one
 // block row i, tiles (i, j1) and (i, j2), is A's rows of block i against B's rows of blocks j1
