@@ -7,5 +7,5 @@ scripts/bootstrap.sh
 scripts/build.sh
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build}
 # Threads: one per core (init_runtime; ORTHOPT_NUM_THREADS overrides). With OpenBLAS's OpenMP
-# build, which scripts/bootstrap.sh selects, two threads are fastest on 2 cores (docs/training.md).
+# build, which the orthopt executable loads (DT_RPATH), two threads are fastest on 2 cores (docs/training.md).
 exec "$BUILD_DIR/orthopt" compare "$@"

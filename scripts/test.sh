@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test (ctest + pytest).
+# The test command: installs what is missing, builds, and runs every test (ctest + pytest), then
+# the package checks (scripts/test_install.sh: pip install, the installed CMake package, the BLAS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -13,4 +14,6 @@ ORTHOPT_NUM_THREADS=${ORTHOPT_NUM_THREADS:-1} ctest --test-dir "$BUILD_DIR" --ou
 ORTHOPT_CPU_BANKS=1 ORTHOPT_NUM_THREADS=1 ORTHOPT_BIN="$BUILD_DIR/orthopt" ORTHOPT_SOURCE_DIR="$PWD" \
   "$BUILD_DIR/tests/test_dist_optimizer" --gtest_filter='*DistEqualsSingleProcess*' --gtest_brief=1
 PY=$(grep -E '^Python3_EXECUTABLE' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)
-PYTHONPATH="$BUILD_DIR/python" "$PY" -m pytest -q tests/python
+. scripts/blas_env.sh
+PYTHONPATH="$BUILD_DIR/python" with_openmp_blas "$PY" -m pytest -q tests/python
+ORTHOPT_BUILD_DIR="$BUILD_DIR" ORTHOPT_PYTHON="$PY" scripts/test_install.sh

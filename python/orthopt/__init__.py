@@ -6,6 +6,7 @@ The heavy lifting is in the C++ library (``orthopt._C``); this package adds the
 sets torch's thread count the way the orthopt CLI does.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
+from ._version import __version__  # noqa: F401  (generated from CMakeLists.txt's project(VERSION))
 
 from ._C import orthogonalize, schedules, set_num_threads  # noqa: F401
 from .optim import AdamW, Dion, Dion2, Dion3, Lion, Muon, NorMuon, param_groups  # noqa: F401

@@ -1,7 +1,6 @@
 // DistContext: environment parsing, rendezvous, collectives with byte accounting and errors
 // that name the collective and the rank.
 #include <c10/util/Exception.h>
-#include <fmt/format.h>
 
 #include <cstdlib>
 #include <exception>
@@ -159,7 +158,7 @@ void DistContext::barrier() {
 }
 
 void DistContext::check_same_on_all_ranks(const std::string& what, const std::string& value) {
-  const std::string prefix = fmt::format("orthopt/check/{}/{}/", store_round_++, what);
+  const std::string prefix = "orthopt/check/" + std::to_string(store_round_++) + "/" + what + "/";
   std::vector<std::string> values(world_size_);
   guarded("consistency check", rank_, world_size_, [&] {
     impl_->group->store_set(prefix + std::to_string(rank_), value);

@@ -15,8 +15,6 @@
 // Every copy between a model parameter and the flat buffers is a run of contiguous elements
 // (matrices of a param are contiguous in its flattened storage), listed once in `Run`s.
 #include <c10/util/Exception.h>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -30,7 +28,6 @@
 namespace orthopt::dist {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 namespace {
 
@@ -38,7 +35,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string param_name(const ParamGroup& g, size_t i) {
   if (i < g.names.size() && !g.names[i].empty()) return g.names[i];
-  return fmt::format("param {}", i);
+  return "param " + std::to_string(i);
 }
 
 std::string shape_str(at::IntArrayRef s) {
@@ -332,9 +329,10 @@ std::unique_ptr<Optimizer> DistributedOptimizer::build_local() {
     auto& lg = local_groups[local_group_of_[seg.group]];
     piece.local_index = static_cast<int64_t>(lg.params.size());
     lg.params.push_back(p);
-    lg.names.push_back(seg.is_bank ? fmt::format("group{}.bank{}x{}[{}:{}]", seg.group, seg.rows, seg.cols,
-                                                 piece.begin, piece.end)
-                                   : fmt::format("group{}.flat[{}:{}]", seg.group, piece.begin, piece.end));
+    const std::string range = "[" + std::to_string(piece.begin) + ":" + std::to_string(piece.end) + "]";
+    lg.names.push_back("group" + std::to_string(seg.group) +
+                       (seg.is_bank ? ".bank" + std::to_string(seg.rows) + "x" + std::to_string(seg.cols) : std::string(".flat")) +
+                       range);
   }
   if (local_groups.empty()) return nullptr;
   auto opt = std::make_unique<Optimizer>(std::move(local_groups));
