@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -13,6 +15,7 @@
 
 #include "commands.h"
 #include "orthopt/dist.h"
+#include "orthopt/train/compare.h"
 #include "orthopt/train/config.h"
 #include "orthopt/train/guards.h"
 #include "orthopt/train/trainer.h"
@@ -52,6 +55,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {"momentum", Kind::Double, "momentum of the matrix optimizers"},
       {"dion_qr", Kind::String, "dion's orthonormalization of P: householder (fp32 QR) or cholesky (fp64 Cholesky QR2, "
                                 "Householder where it fails)"},
+      {"fraction", Kind::Double, "dion3: fraction f of each matrix's rows updated per step, in (0, 1]; the lr is "
+                                 "divided by sqrt(f) (docs/algorithms.md §5)"},
       {"schedule", Kind::String, "lr schedule: wsd, cosine, constant"},
       {"warmup_frac", Kind::Double, "warmup fraction of the steps"},
       {"stable_frac", Kind::Double, "wsd: stable fraction"},
@@ -213,8 +218,11 @@ std::string find_plot_script() {
 struct CompareArgs {
   TrainArgs train;
   std::vector<std::string> algorithms;
-  std::vector<std::string> lrs;  // alg=lr
+  std::vector<std::string> lrs;  // alg=lr[,lr...] [alg=...]
   std::vector<std::string> seeds;  // converted by parse_uint: CLI11 would wrap -1
+  std::vector<std::string> best_seeds;
+  std::vector<std::string> dion3_fractions;
+  std::string lr_transfer = "sqrt";
   double target_loss = 0.0;
   std::string run_dir = "runs/compare";
   bool no_plot = false;
@@ -227,6 +235,49 @@ json compare_defaults() {
   return json{{"steps", 300}, {"batch_size", 16}, {"context", 64}, {"eval_every", 25}, {"eval_batches", 4}};
 }
 
+double parse_number(const std::string& flag, const std::string& item, const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try { v = std::stod(text, &pos); } catch (const std::exception&) { pos = 0; }
+  TORCH_CHECK(pos == text.size() && !text.empty() && std::isfinite(v), flag, ": expected a number in '", item, "', got '",
+              text, "'");
+  return v;
+}
+
+// --lrs muon=0.005,0.01 adamw=0.0006 dion3=muon*0.5,muon*1: an item with '=' starts an
+// algorithm's list, one without continues it; a value is a number or ALG[*FACTOR] (FACTOR times
+// ALG's best lr).
+std::map<std::string, std::vector<train::LrSpec>> parse_lrs(const std::vector<std::string>& items) {
+  std::map<std::string, std::vector<train::LrSpec>> lrs;
+  std::string current;
+  for (const auto& item : items) {
+    std::string value = item;
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) {
+      current = item.substr(0, eq);
+      TORCH_CHECK(!current.empty(), "--lrs: expected algorithm=lr, got '", item, "'");
+      TORCH_CHECK(!lrs.count(current), "--lrs: ", current, " is given twice (list its lrs once: ", current,
+                  "=0.005,0.01)");
+      lrs[current];
+      value = item.substr(eq + 1);
+    } else {
+      TORCH_CHECK(!current.empty(), "--lrs: expected algorithm=lr before '", item, "' (e.g. muon=0.005,0.01 adamw=0.0006)");
+    }
+    TORCH_CHECK(!value.empty(), "--lrs: an empty lr in the list of ", current);
+    train::LrSpec spec;
+    if (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '.') {
+      spec.value = parse_number("--lrs", item, value);
+    } else {
+      const size_t star = value.find('*');
+      spec.relative_to = value.substr(0, star);
+      if (star != std::string::npos) spec.factor = parse_number("--lrs", item, value.substr(star + 1));
+      TORCH_CHECK(!spec.relative_to.empty(), "--lrs: expected a number or ALGORITHM*FACTOR, got '", value, "'");
+    }
+    lrs[current].push_back(spec);
+  }
+  return lrs;
+}
+
 int run_compare_cmd(const CompareArgs& args) {
   train::CompareConfig cc;
   json defaults = compare_defaults();
@@ -237,16 +288,10 @@ int run_compare_cmd(const CompareArgs& args) {
     cc.seeds.clear();
     for (const auto& seed : args.seeds) cc.seeds.push_back(parse_uint("--seeds", seed));
   }
-  for (const auto& item : args.lrs) {
-    const size_t eq = item.find('=');
-    TORCH_CHECK(eq != std::string::npos && eq > 0, "--lrs: expected algorithm=lr, got '", item, "'");
-    const std::string value = item.substr(eq + 1);
-    size_t pos = 0;
-    double lr = 0;
-    try { lr = std::stod(value, &pos); } catch (const std::exception&) { pos = 0; }
-    TORCH_CHECK(pos == value.size() && !value.empty(), "--lrs: expected a number after '=', got '", item, "'");
-    cc.lrs[item.substr(0, eq)] = lr;
-  }
+  for (const auto& seed : args.best_seeds) cc.best_seeds.push_back(parse_uint("--best-seeds", seed));
+  for (const auto& f : args.dion3_fractions) cc.dion3_fractions.push_back(parse_number("--dion3-fractions", f, f));
+  cc.lr_transfer = args.lr_transfer;
+  cc.lrs = parse_lrs(args.lrs);
   TORCH_CHECK(args.target_loss >= 0.0, "--target-loss: must be > 0 (0: AdamW's final loss)");
   cc.target_loss = args.target_loss;
   cc.run_dir = args.run_dir;
@@ -277,8 +322,20 @@ void register_train(CLI::App& app, Action& action) {
                                       "stop_after", "progress"});
   cmp->add_option("--algorithms", cargs->algorithms, "optimizers compared (default adamw,muon,normuon,dion3)")
       ->delimiter(',');
-  cmp->add_option("--lrs", cargs->lrs, "per-algorithm lr, e.g. muon=0.02,adamw=0.003 (default: presets)")->delimiter(',');
-  cmp->add_option("--seeds", cargs->seeds, "seeds (default 1)")->delimiter(',');
+  cmp->add_option("--lrs", cargs->lrs,
+                  "lr grid per algorithm, e.g. muon=0.005,0.01,0.02 adamw=0.0003,0.0006 (a single lr: muon=0.02,adamw=0.003); "
+                  "ALG*F: F times ALG's best lr, e.g. dion3=muon*0.5,muon*1,muon*2 (default: presets)")
+      ->delimiter(',');
+  cmp->add_option("--seeds", cargs->seeds, "seeds of every grid point (default 1)")->delimiter(',');
+  cmp->add_option("--best-seeds", cargs->best_seeds,
+                  "after the grid, run each optimizer's best lr at these seeds; the summary is over them (e.g. 1,2,3)")
+      ->delimiter(',');
+  cmp->add_option("--dion3-fractions", cargs->dion3_fractions,
+                  "one dion3 row per row fraction f, e.g. 0.5,0.25,0.125 (default: --fraction only)")
+      ->delimiter(',');
+  cmp->add_option("--lr-transfer", cargs->lr_transfer,
+                  "dion3 fractions: sqrt (default; the grid at --fraction, the other fractions at its best lr, which "
+                  "dion3's lr/sqrt(f) turns into lr_ref*sqrt(f_ref/f)) or grid (the whole grid at every fraction)");
   cmp->add_option("--target-loss", cargs->target_loss, "target validation loss (default: AdamW's final)");
   cmp->add_option("--run-dir", cargs->run_dir, "output directory (default runs/compare)");
   cmp->add_flag("--no-plot", cargs->no_plot, "skip compare.png");

@@ -39,7 +39,7 @@ json to_json(const TrainConfig& c) {
       {"data", c.data}, {"val_fraction", c.val_fraction},
       {"algorithm", c.algorithm}, {"lr", c.lr}, {"scalar_lr", c.scalar_lr},
       {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
-      {"dion_qr", c.dion_qr},
+      {"dion_qr", c.dion_qr}, {"fraction", c.fraction},
       {"schedule", c.schedule.kind}, {"warmup_frac", c.schedule.warmup_frac},
       {"stable_frac", c.schedule.stable_frac}, {"decay_frac", c.schedule.decay_frac},
       {"min_lr_ratio", c.schedule.min_lr_ratio}, {"decay_shape", c.schedule.decay_shape},
@@ -107,6 +107,7 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "weight_decay", c.weight_decay, seen);
   read_key(j, "momentum", c.momentum, seen);
   read_key(j, "dion_qr", c.dion_qr, seen);
+  read_key(j, "fraction", c.fraction, seen);
   read_key(j, "schedule", c.schedule.kind, seen);
   read_key(j, "warmup_frac", c.schedule.warmup_frac, seen);
   read_key(j, "stable_frac", c.schedule.stable_frac, seen);
@@ -166,6 +167,7 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum: must be in [0, 1), got ", c.momentum);
   TORCH_CHECK(c.dion_qr == "householder" || c.dion_qr == "cholesky",
               "dion_qr: must be householder or cholesky, got '", c.dion_qr, "'");
+  TORCH_CHECK(c.fraction > 0.0 && c.fraction <= 1.0, "fraction: must be in (0, 1], got ", c.fraction);
   try {
     orthopt::train::validate(c.schedule);
   } catch (const c10::Error& e) {
@@ -234,6 +236,7 @@ std::string config_sha256(const TrainConfig& c, const std::string& data_sha256) 
   // Added later: hashed only when set to something else than what runs before it computed, so
   // their checkpoints still resume.
   if (c.dion_qr == "householder") j.erase("dion_qr");
+  if (c.fraction == 0.25) j.erase("fraction");
   if (!c.tf32) j.erase("tf32");  // TF32 products compute other bits: a run resumes only as it began
   j["data_sha256"] = data_sha256;
   return sha256_hex(j.dump());  // nlohmann's object keys are sorted: canonical

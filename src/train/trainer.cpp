@@ -145,6 +145,7 @@ std::vector<ParamGroup> make_param_groups(const Transformer& model, const TrainC
   m.momentum = c.momentum;
   m.dion_qr = parse_dion_qr(c.dion_qr);
   m.scale_lr_by_fraction = c.algorithm == "dion3";  // lr transfer across fractions (§5.7)
+  m.fraction = c.fraction;
   m.ortho.nonfinite = NonFinitePolicy::Propagate;   // the firewall looks at the grad norm
   auto groups = model->param_groups(routing);
   if (!matrix_alg) {

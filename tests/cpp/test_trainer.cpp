@@ -490,14 +490,10 @@ TEST(Trainer, CompareWritesTablesAndPlot) {
                 "--eval-every", "3", "--eval-batches", "2", "--data", corpus_path(), "--algorithms", "adamw,muon",
                 "--run-dir", dir.string(), "--plot-script", std::string(src) + "/scripts/plot_compare.py"});
   // The plot needs matplotlib in /usr/bin/python3 (scripts/bootstrap.sh installs it; the GPU
-  // machine has none): without it compare exits 2 after writing the tables, and says so.
+  // machine has none): without it compare writes the tables and says how to draw the plot later.
   const bool can_plot = std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
-  if (can_plot) {
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  } else {
-    ASSERT_EQ(r.exit_code, 2) << r.out << r.err;
-    EXPECT_NE(r.err.find("the tables are written"), std::string::npos) << r.err;
-  }
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  if (!can_plot) EXPECT_NE(r.out.find("plot: not drawn"), std::string::npos) << r.out;
   const std::string csv = read_file(dir / "compare.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;  // header + 2 optimizers
   EXPECT_NE(csv.find("\nadamw,"), std::string::npos);

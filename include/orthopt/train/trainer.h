@@ -44,31 +44,6 @@ double steps_to_reach(const std::vector<EvalPoint>& evals, double target);
 // Bits per byte of a loss in nats per byte.
 double bits_per_byte(double loss_nats);
 
-struct CompareConfig {
-  TrainConfig base;                          // model, data, steps... (algorithm/lr/seed/run_dir overridden)
-  std::vector<std::string> algorithms = {"adamw", "muon", "normuon", "dion3"};
-  std::map<std::string, double> lrs;         // per algorithm; missing: default_matrix_lr
-  std::vector<uint64_t> seeds = {1};
-  double target_loss = 0.0;                  // 0: AdamW's mean final validation loss
-  std::string run_dir = "runs/compare";
-  std::string plot_script;                   // empty: no plot; else path of scripts/plot_compare.py
-  std::string python = "/usr/bin/python3";
-};
-
-struct CompareRow {
-  std::string algorithm;
-  double lr = 0.0;
-  std::vector<double> final_losses;          // one per seed
-  // One per seed: where the validation curve first reaches the target, linearly interpolated
-  // between the two evaluations around the crossing; -1: not reached. With the default target
-  // (AdamW's mean final loss) AdamW's own entries are its step budget, by definition.
-  std::vector<double> steps_to_target;
-  double optimizer_ms_per_step = 0.0;        // mean over seeds
-  double tokens_per_s = 0.0;                 // mean over seeds
-};
-
-// Runs every algorithm × seed in <run_dir>/<algorithm>_seed<seed>/ (no checkpoints), writes
-// compare.csv, compare.md and curves.csv into run_dir and, when plot_script is set, compare.png.
-std::vector<CompareRow> run_compare(const CompareConfig& c, std::ostream& log);
+// `orthopt compare`: orthopt/train/compare.h.
 
 }  // namespace orthopt::train
