@@ -23,6 +23,7 @@
 #include "orthopt/orthogonalize.h"
 #include "orthopt/runtime.h"
 #include "bench_step.h"
+#include "bench_train.h"
 #include "peers.h"
 #include "timing.h"
 
@@ -324,6 +325,7 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
   ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
   register_bench_step(*bench, action);
+  register_bench_train(*bench, action);
 }
 
 }  // namespace orthopt::cli

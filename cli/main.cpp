@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "threads.h"
 #include "orthopt/runtime.h"
 #include "orthopt/version.h"
 
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   try {
+    if (action) orthopt::cli::apply_thread_policy();  // threads.h: the CPU threads for the load now
     return action ? action() : 0;
   } catch (const c10::Error& e) {
     std::cerr << "orthopt: error: " << e.what_without_backtrace() << "\n";

@@ -48,6 +48,32 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+}  // namespace
+
+Bf16Autocast::Bf16Autocast(bool on) : on_(on) {
+  if (!on_) return;
+#if ORTHOPT_TORCH_AT_LEAST(2, 4)
+  prev_ = at::autocast::is_autocast_enabled(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+#else
+  prev_ = at::autocast::is_enabled();
+  at::autocast::set_enabled(true);
+  at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+#endif
+  at::autocast::increment_nesting();
+}
+
+Bf16Autocast::~Bf16Autocast() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if ORTHOPT_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, prev_);
+#else
+  at::autocast::set_enabled(prev_);
+#endif
+}
+
 // On CUDA a data-parallel rank (LOCAL_RANK from `--nproc` or an external launcher) takes GPU
 // LOCAL_RANK mod the device count, so the ranks of one host do not all share GPU 0.
 c10::Device pick_device(const std::string& d) {
@@ -61,42 +87,11 @@ c10::Device pick_device(const std::string& d) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+namespace {
+
 void sync_device(c10::Device d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }
-
-// bf16 autocast for the forward pass on CUDA (the C++ API moved to per-device calls in 2.4).
-class Bf16Autocast {
- public:
-  explicit Bf16Autocast(bool on) : on_(on) {
-    if (!on_) return;
-#if ORTHOPT_TORCH_AT_LEAST(2, 4)
-    prev_ = at::autocast::is_autocast_enabled(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-#else
-    prev_ = at::autocast::is_enabled();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-#endif
-    at::autocast::increment_nesting();
-  }
-  ~Bf16Autocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if ORTHOPT_TORCH_AT_LEAST(2, 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, prev_);
-#else
-    at::autocast::set_enabled(prev_);
-#endif
-  }
-  Bf16Autocast(const Bf16Autocast&) = delete;
-  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
-
- private:
-  bool on_;
-  bool prev_ = false;
-};
 
 // torch's strict deterministic mode for the duration of a run (`deterministic`): an operation
 // without a deterministic implementation throws instead of running. cuBLAS needs a fixed
@@ -121,6 +116,8 @@ class DeterministicKernels {
   bool on_;
   bool prev_ = false, prev_warn_only_ = false;
 };
+
+}  // namespace
 
 ModelConfig model_config_of(const TrainConfig& c) {
   ModelConfig m = model_preset(c.preset);
@@ -161,6 +158,8 @@ std::vector<ParamGroup> make_param_groups(const Transformer& model, const TrainC
   }
   return groups;
 }
+
+namespace {
 
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

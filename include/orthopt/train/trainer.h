@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "orthopt/train/config.h"
+#include "orthopt/train/model.h"
 
 namespace orthopt::train {
 
@@ -30,6 +31,27 @@ struct TrainResult {
   double optimizer_ms_per_step = 0.0;
   double tokens_per_s = 0.0;           // training tokens / training wall time (this process only)
   bool stopped_early = false;          // stop_after reached
+};
+
+// The pieces train() builds a run from, which `orthopt bench train` (bench/bench_train.cpp) reuses
+// so that it times the trainer's own model, routing and autocast.
+// The model of a config: its preset with context and MoE keys applied (validated).
+ModelConfig model_config_of(const TrainConfig& c);
+// Matrices inside blocks get `algorithm`; embeddings, head, norms and routers AdamW.
+std::vector<ParamGroup> make_param_groups(const Transformer& model, const TrainConfig& c);
+// "cpu", "cuda" or "auto"; on CUDA a data-parallel rank takes GPU LOCAL_RANK mod the device count.
+c10::Device pick_device(const std::string& device);
+// bf16 autocast of the forward pass on CUDA for the object's lifetime when `on`.
+class Bf16Autocast {
+ public:
+  explicit Bf16Autocast(bool on);
+  ~Bf16Autocast();
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+
+ private:
+  bool on_;
+  bool prev_ = false;
 };
 
 // Runs (or with c.resume continues) a training run in c.run_dir, logging to `log`. The corpus
