@@ -8,6 +8,8 @@
 include(CMakePackageConfigHelpers)
 set(ORTHOPT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/orthopt)
 
+# The static CUDA kernel library (orthopt_kernels) is linked into liborthopt_core.so: not installed,
+# not part of any target's link interface.
 set(ORTHOPT_INSTALL_TARGETS orthopt_core)
 if(ORTHOPT_BUILD_TRAIN)
   list(APPEND ORTHOPT_INSTALL_TARGETS orthopt_train)
