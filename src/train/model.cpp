@@ -90,7 +90,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& cfg)
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
   // [B, T, 3, H, hd] -> [3, B, H, T, hd]
-  auto qkv_heads = qkv->forward(x).view({B, T, 3, n_heads_, head_dim_}).permute({2, 0, 3, 1, 4});
+  // unbind, not three selects: its backward stacks the three gradients into one tensor, where
+  // each select's would zero a copy of the whole [3, B, H, T, hd] tensor and add the three.
+  auto qkv_heads = qkv->forward(x).view({B, T, 3, n_heads_, head_dim_}).permute({2, 0, 3, 1, 4}).unbind(0);
   auto q = apply_rope(qkv_heads[0], cos, sin);
   auto k = apply_rope(qkv_heads[1], cos, sin);
   auto v = qkv_heads[2];
