@@ -155,7 +155,9 @@ TEST(Compare, GridBestSeedsResumeAndChangedConfig) {
   const auto grid_csv = read_csv(dir / "grid.csv");
   ASSERT_EQ(summary.size(), 2u);
   ASSERT_EQ(grid_csv.size(), 4u);
-  for (const auto& [alg, lrs] : grid) {
+  for (const auto& entry : grid) {
+    const std::string& alg = entry.first;  // not a structured binding: lambdas below capture it
+    const std::vector<std::string>& lrs = entry.second;
     SCOPED_TRACE(alg);
     // The best lr from the per-run results, computed here.
     std::string best;
