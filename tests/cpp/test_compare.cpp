@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "orthopt/train/config.h"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -315,6 +317,16 @@ TEST(Compare, UsageErrorsExit2AndWriteNothing) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << needle << "\n" << r.err;
     EXPECT_FALSE(fs::exists(dir));
   }
+}
+
+// The trainer key `fraction` (added for the dion3 rows) is hashed only when not the default 0.25,
+// the fraction every dion3 run before it used: their checkpoints still resume.
+TEST(Compare, FractionKeyInTheConfigHashOnlyWhenNotTheDefault) {
+  using namespace orthopt::train;
+  const std::string plain = config_sha256(config_from_json(json::object()), "data");
+  EXPECT_EQ(config_sha256(config_from_json(json{{"fraction", 0.25}}), "data"), plain);
+  EXPECT_NE(config_sha256(config_from_json(json{{"fraction", 0.5}}), "data"), plain);
+  EXPECT_EQ(to_json(config_from_json(json{{"fraction", 0.125}}))["fraction"], 0.125);
 }
 
 }  // namespace
