@@ -30,58 +30,16 @@ using orthopt::test::read_file;
 
 fs::path scratch_root() { return orthopt::test::scratch_root("orthopt_test_compare"); }
 
-fs::path fresh_dir(const std::string& name) {
-  auto p = scratch_root() / name;
-  fs::remove_all(p);
-  return p;
-}
+fs::path fresh_dir(const std::string& name) { return orthopt::test::fresh_dir(scratch_root(), name); }
 
-// A small deterministic English-like corpus (60 KB).
 std::string corpus_path() {
-  static const std::string path = [] {
-    const char* words[] = {"the", "light", "water", "and", "earth", "said", "was", "good", "of", "day",
-                           "night", "upon", "face", "deep", "form", "void", "moved", "God", "heaven", "created"};
-    std::string text;
-    uint64_t x = 987654321;
-    while (text.size() < 60000) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      text += words[(x >> 33) % 20];
-      text += ((x >> 20) % 9 == 0) ? ".\n" : " ";
-    }
-    const auto p = scratch_root() / "corpus.txt";
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }();
+  static const std::string path = orthopt::test::write_word_corpus(scratch_root() / "corpus.txt", 987654321ULL);
   return path;
 }
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = orthopt::test::CliResult;
+Result run(const std::vector<std::string>& args) { return orthopt::test::run_cli(scratch_root(), args); }
 
-Result run(const std::vector<std::string>& args) {
-  const auto out = scratch_root() / "last.out", err = scratch_root() / "last.err";
-  const std::string bin = orthopt::test::orthopt_bin();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("ORTHOPT_NUM_THREADS", "1", 0);  // tiny runs; ctest runs tests in parallel
-    if (!::freopen(out.c_str(), "w", stdout) || !::freopen(err.c_str(), "w", stderr)) ::_exit(120);
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv{const_cast<char*>(bin.c_str())};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(bin.c_str(), argv.data());
-    ::_exit(121);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  Result r;
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
-}
 
 std::vector<std::string> micro(const fs::path& dir, std::vector<std::string> extra) {
   std::vector<std::string> a = {"compare", "--preset", "tiny", "--context", "32", "--batch-size", "4", "--steps", "6",

@@ -37,11 +37,7 @@ namespace {
 
 fs::path scratch_root() { return orthopt::test::scratch_root("orthopt_test_io_faults"); }
 
-fs::path fresh_dir(const std::string& name) {
-  auto p = scratch_root() / name;
-  fs::remove_all(p);
-  return p;
-}
+fs::path fresh_dir(const std::string& name) { return orthopt::test::fresh_dir(scratch_root(), name); }
 
 // Sets an environment variable for the scope (the library reads the fault hook at each write).
 struct ScopedEnv {
@@ -50,56 +46,16 @@ struct ScopedEnv {
   ~ScopedEnv() { ::unsetenv(name.c_str()); }
 };
 
-// A small deterministic English-like corpus (60 KB).
 std::string corpus_path() {
-  static const std::string path = [] {
-    const char* words[] = {"the", "light", "water", "and", "earth", "said", "was", "good", "of", "day",
-                           "night", "upon", "face", "deep", "form", "void", "moved", "God", "heaven", "created"};
-    std::string text;
-    uint64_t x = 12345;
-    while (text.size() < 60000) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      text += words[(x >> 33) % 20];
-      text += ((x >> 20) % 9 == 0) ? ".\n" : " ";
-    }
-    const auto p = scratch_root() / "corpus.txt";
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }();
+  static const std::string path = orthopt::test::write_word_corpus(scratch_root() / "corpus.txt", 12345);
   return path;
 }
 
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal
-  int signal = 0;
-  std::string out, err;
-};
-
+using Result = orthopt::test::CliResult;
 Result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
-  const auto out = scratch_root() / "last.out", err = scratch_root() / "last.err";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("ORTHOPT_NUM_THREADS", "1", 0);
-    for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
-    if (!::freopen(out.c_str(), "w", stdout) || !::freopen(err.c_str(), "w", stderr)) ::_exit(120);
-    std::vector<char*> argv;
-    std::string b = orthopt::test::orthopt_bin();
-    argv.push_back(b.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(b.c_str(), argv.data());
-    ::_exit(121);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  Result r;
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
+  return orthopt::test::run_cli(scratch_root(), args, env);
 }
+
 
 // 12 steps, a checkpoint every 4 (none pruned), evaluation every 4.
 std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> extra = {}) {

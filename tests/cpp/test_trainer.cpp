@@ -34,77 +34,26 @@ using namespace orthopt::train;
 namespace {
 
 using orthopt::test::read_file;
-std::string bin() { return orthopt::test::orthopt_bin(); }
 
 fs::path scratch_root() { return orthopt::test::scratch_root("orthopt_test_trainer"); }
 
-fs::path fresh_dir(const std::string& name) {
-  auto p = scratch_root() / name;
-  fs::remove_all(p);
-  return p;
-}
+fs::path fresh_dir(const std::string& name) { return orthopt::test::fresh_dir(scratch_root(), name); }
 
 
-// A small deterministic English-like corpus (60 KB), independent of the Bible cache.
 std::string corpus_path() {
-  static const std::string path = [] {
-    const char* words[] = {"the", "light", "water", "and", "earth", "said", "was", "good", "of", "day",
-                           "night", "upon", "face", "deep", "form", "void", "moved", "God", "heaven", "created"};
-    std::string text;
-    uint64_t x = 12345;
-    while (text.size() < 60000) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      text += words[(x >> 33) % 20];
-      text += ((x >> 20) % 9 == 0) ? ".\n" : " ";
-    }
-    const auto p = scratch_root() / "corpus.txt";
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }();
+  static const std::string path = orthopt::test::write_word_corpus(scratch_root() / "corpus.txt", 12345);
   return path;
 }
 
-struct Result {
-  int exit_code = -1;   // -1: killed by a signal
-  int signal = 0;
-  std::string out, err;
-};
-
-pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-            const fs::path& out, const fs::path& err) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // One thread: these runs are tiny, and ctest runs tests in parallel on few cores.
-    ::setenv("ORTHOPT_NUM_THREADS", "1", 0);
-    for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
-    if (!::freopen(out.c_str(), "w", stdout) || !::freopen(err.c_str(), "w", stderr)) ::_exit(120);
-    std::vector<char*> argv;
-    std::string b = bin();
-    argv.push_back(b.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(b.c_str(), argv.data());
-    ::_exit(121);
-  }
-  return pid;
-}
-
-Result wait_for(pid_t pid, const fs::path& out, const fs::path& err) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  Result r;
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
-}
-
+using Result = orthopt::test::CliResult;
+using orthopt::test::spawn_cli;
+using orthopt::test::wait_cli;
 Result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
-  const auto out = scratch_root() / "last.out", err = scratch_root() / "last.err";
-  return wait_for(spawn(args, env, out, err), out, err);
+  return orthopt::test::run_cli(scratch_root(), args, env);
 }
+
+
+
 
 // The run every test compares against: 12 steps, evaluation every 4.
 std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> extra = {}) {
@@ -339,7 +288,7 @@ TEST(Trainer, SigkillDuringCheckpointingThenResume) {
   const int watch = ::inotify_init1(IN_NONBLOCK);
   ASSERT_GE(watch, 0);
   ASSERT_GE(::inotify_add_watch(watch, dir.c_str(), IN_CREATE), 0);
-  const pid_t pid = spawn(train_args(dir, {"--checkpoint-every", "1", "--keep-last", "2"}), {}, out, err);
+  const pid_t pid = spawn_cli(train_args(dir, {"--checkpoint-every", "1", "--keep-last", "2"}), {}, out, err);
   bool killed = false;
   std::string killed_at;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -366,7 +315,7 @@ TEST(Trainer, SigkillDuringCheckpointingThenResume) {
     }
   }
   ::close(watch);
-  const auto r = wait_for(pid, out, err);
+  const auto r = wait_cli(pid, out, err);
   ASSERT_TRUE(killed) << "never saw a checkpoint being written: " << r.err;
   ASSERT_EQ(r.signal, SIGKILL) << r.out << r.err;
   EXPECT_TRUE(fs::exists(dir / killed_at)) << killed_at << " was published or removed before the kill landed";
