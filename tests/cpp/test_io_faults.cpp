@@ -3,6 +3,7 @@
 // allowed) stops the run with exit 2 and a message naming the file and the errno text, publishes
 // nothing, and leaves every saved checkpoint as it was; a resume once the disk has room again
 // ends where an uninterrupted run ends. Usage errors exit with 2 and name the flag, file or word.
+#include "test_archive_util.h"
 #include "test_util.h"
 #include <gtest/gtest.h>
 #include <sys/mount.h>
@@ -108,31 +109,7 @@ std::vector<std::string> leftovers(const fs::path& dir) {
   return out;
 }
 
-// Every tensor and value of two torch archives, recursively, is identical.
-void expect_archives_equal(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b, const std::string& where) {
-  auto ka = a.keys(), kb = b.keys();
-  std::sort(ka.begin(), ka.end());
-  std::sort(kb.begin(), kb.end());
-  ASSERT_EQ(ka, kb) << where;
-  for (const auto& k : ka) {
-    at::Tensor ta, tb;
-    if (a.try_read(k, ta)) {
-      ASSERT_TRUE(b.try_read(k, tb)) << where << "/" << k;
-      EXPECT_TRUE(ta.sizes() == tb.sizes() && ta.scalar_type() == tb.scalar_type() && torch::equal(ta, tb))
-          << where << "/" << k << " differs";
-      continue;
-    }
-    torch::serialize::InputArchive sa, sb;
-    if (a.try_read(k, sa)) {
-      ASSERT_TRUE(b.try_read(k, sb)) << where << "/" << k;
-      expect_archives_equal(sa, sb, where + "/" + k);
-      continue;
-    }
-    c10::IValue va, vb;
-    ASSERT_TRUE(a.try_read(k, va) && b.try_read(k, vb)) << where << "/" << k;
-    EXPECT_EQ(va, vb) << where << "/" << k;
-  }
-}
+using orthopt::test::expect_archives_equal;
 
 // The model, optimizer and guards of two checkpoints are identical.
 void expect_same_weights(const fs::path& a, const fs::path& b) {

@@ -2,6 +2,7 @@
 // the non-finite firewall, crash safety under SIGKILL and injected faults during checkpoint
 // writes, clear errors that leave the run directory untouched, gradient accumulation and a
 // quick `orthopt compare`. Tiny model, 32-byte context, 4 sequences per batch: seconds per run.
+#include "test_archive_util.h"
 #include "test_util.h"
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -80,31 +81,7 @@ std::vector<std::string> deterministic_metrics(const fs::path& run_dir) {
   return lines;
 }
 
-// Every tensor and value of two torch archives, recursively, must be identical.
-void expect_archives_equal(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b, const std::string& where) {
-  auto ka = a.keys(), kb = b.keys();
-  std::sort(ka.begin(), ka.end());
-  std::sort(kb.begin(), kb.end());
-  ASSERT_EQ(ka, kb) << where;
-  for (const auto& k : ka) {
-    at::Tensor ta, tb;
-    if (a.try_read(k, ta)) {
-      ASSERT_TRUE(b.try_read(k, tb)) << where << "/" << k;
-      EXPECT_TRUE(ta.sizes() == tb.sizes() && ta.scalar_type() == tb.scalar_type() && torch::equal(ta, tb))
-          << where << "/" << k << " differs";
-      continue;
-    }
-    torch::serialize::InputArchive sa, sb;
-    if (a.try_read(k, sa)) {
-      ASSERT_TRUE(b.try_read(k, sb)) << where << "/" << k;
-      expect_archives_equal(sa, sb, where + "/" + k);
-      continue;
-    }
-    c10::IValue va, vb;
-    ASSERT_TRUE(a.try_read(k, va) && b.try_read(k, vb)) << where << "/" << k;
-    EXPECT_EQ(va, vb) << where << "/" << k;
-  }
-}
+using orthopt::test::expect_archives_equal;
 
 void expect_same_file_content(const fs::path& a, const fs::path& b) {
   torch::serialize::InputArchive x, y;
