@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU run: build against the machine's CUDA torch, run the GPU test suite, run the
 # benchmarks, write logs and tables to $OUT (default build-gpu/out), print a short summary last.
-# Usage, from the repository root:   bench/gpu/run_all.sh [build|test|bench]...   (default: all)
+# Usage, from the repository root:   bench/gpu/run_all.sh [build|pip|test|bench]...   (default: all)
+# pip: the Python package alone (pip install --no-build-isolation . into a scratch target, then an
+# import from another directory and one Muon step on the GPU).
 # The C++ dependencies the GPU image lacks (fmt, nlohmann-json, CLI11, GoogleTest) are carried in
 # .gpudeps/usr (bench/gpu/make_gpudeps.sh copies them from this machine's Debian packages); when
 # that folder is present it comes first on CMAKE_PREFIX_PATH.
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/${ORTHOPT_BUILD_DIR:-build-gpu}/out}
 mkdir -p "$OUT"
 export ORTHOPT_BUILD_DIR=${ORTHOPT_BUILD_DIR:-build-gpu}
-STEPS=${*:-build test bench}
+STEPS=${*:-build pip test bench}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -39,6 +41,26 @@ if has build; then
   else
     note "build: FAILED after $(( $(date +%s) - tb )) s"; grep -E 'error|Error|CMake Error' "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"
     exit 1
+  fi
+fi
+
+if has pip; then
+  tp=$(date +%s)
+  rm -rf /tmp/orthopt-pip
+  if python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/orthopt-pip . > "$OUT/pip.log" 2>&1; then
+    note "pip install: ok in $(( $(date +%s) - tp )) s"
+    (cd /tmp && PYTHONPATH=/tmp/orthopt-pip python3 -c "
+import torch, orthopt
+p = torch.nn.Parameter(torch.randn(256, 512, device='cuda'))
+p.grad = torch.randn_like(p)
+w = p.detach().clone()
+orthopt.Muon([p], lr=0.02).step()
+torch.cuda.synchronize()
+assert torch.isfinite(p).all() and not torch.equal(p, w)
+print('pip package', orthopt.__version__, 'from', orthopt.__file__, ': one CUDA Muon step ok')
+") 2>&1 | tail -2 | tee -a "$SUMMARY"
+  else
+    note "pip install: FAILED after $(( $(date +%s) - tp )) s"; tail -20 "$OUT/pip.log"
   fi
 fi
 
