@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/build.sh
 BUILD_DIR=${ORTHOPT_BUILD_DIR:-build}
-# Threads: one per core (init_runtime; ORTHOPT_NUM_THREADS overrides). With OpenBLAS's OpenMP
-# build, which the orthopt executable loads (DT_RPATH), two threads are fastest on 2 cores (docs/training.md).
+# Threads: the CLI's policy (one per core less those other programs keep busy; ORTHOPT_NUM_THREADS
+# overrides), on OpenBLAS's OpenMP build, which the orthopt executable loads (DT_RPATH) (docs/training.md).
 exec "$BUILD_DIR/orthopt" compare "$@"

@@ -18,8 +18,9 @@
 //   - whether skip-factor gating is enabled (call set_skip_factor before capture if the step
 //     guards are used; the skip factor's value may change freely).
 // Capture is refused with a clear error when a trainable parameter (requires_grad) has no
-// gradient (the graph would silently never update it) and for Dion groups (their QR runs
-// through cuSOLVER/MAGMA, which stream capture does not support).
+// gradient (the graph would silently never update it) and for Dion groups with dion_qr
+// 'cholesky' on the per-parameter reference path (ORTHOPT_GPU_KERNELS=0), which reads on the host
+// which factorizations failed in the middle of the step.
 // release() frees the graph: the next steps are eager warm-up steps again, then it re-captures.
 //
 // On a build without CUDA (ORTHOPT_WITH_CUDA undefined) the class exists but its constructor

@@ -1,5 +1,5 @@
 // What folding Muon's update into the last Newton–Schulz product would cost and save, before
-// building it (docs/gpu.md, "Not done"): W ← β·W + α·(Q·X) as cuBLASLt's β·C epilogue with fp32
+// building it (docs/decisions/fold-update.md): W ← β·W + α·(Q·X) as cuBLASLt's β·C epilogue with fp32
 // C = D = W, against today's last product writing U = Q·X in bf16 and the update pass reading
 // W and U and writing W (10 bytes per element). The weights of a bank are separate tensors, so
 // the folded product needs cuBLASLt's pointer-array batch mode; it is timed next to the same

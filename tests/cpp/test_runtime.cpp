@@ -51,12 +51,12 @@ TEST(Runtime, DefaultIntraOpThreadsByBlas) {
   EXPECT_EQ(orthopt::default_intra_op_threads(4, "openblas-sequential"), 4);
 }
 
-// The machine scripts/bootstrap.sh set up runs OpenBLAS's OpenMP build (Debian's alternatives
+// The project's executables run OpenBLAS's OpenMP build whatever the system's alternative (Debian's
 // would pick the pthreads build where both are installed); pip's torch brings its own BLAS.
-TEST(Runtime, BootstrapSelectsOpenBlasOpenMp) {
+TEST(Runtime, ExecutablesSelectOpenBlasOpenMp) {
   const std::string blas = orthopt::blas_threading();
   if (blas == "other") GTEST_SKIP() << "torch does not run on OpenBLAS here";
-  EXPECT_EQ(blas, "openblas-openmp") << "scripts/bootstrap.sh pins the libblas.so.3 alternatives to openblas-openmp";
+  EXPECT_EQ(blas, "openblas-openmp") << "the build's DT_RPATH (ORTHOPT_BLAS_DIR) selects OpenBLAS's OpenMP build";
 }
 
 // init_runtime (tests/cpp/main.cpp calls it) applied the default where no variable overrides it.
