@@ -57,16 +57,9 @@ Result run(const std::vector<std::string>& args, const std::map<std::string, std
   return orthopt::test::run_cli(scratch_root(), args, env);
 }
 
-
-// 12 steps, a checkpoint every 4 (none pruned), evaluation every 4.
+// 12 steps, a checkpoint every 4 (none pruned), evaluation every 4 (tiny_train_args).
 std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"train",          "--preset",       "tiny",    "--context",    "32",
-                                "--batch-size",   "4",              "--steps", "12",           "--eval-every",
-                                "4",              "--eval-batches", "2",       "--data",       corpus_path(),
-                                "--run-dir",      run_dir.string(), "--progress", "off",       "--checkpoint-every",
-                                "4",              "--keep-last",    "10"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return orthopt::test::tiny_train_args(run_dir, corpus_path(), std::move(extra));
 }
 
 std::vector<std::string> lines_of(const std::string& text) {

@@ -40,7 +40,6 @@ fs::path scratch_root() { return orthopt::test::scratch_root("orthopt_test_train
 
 fs::path fresh_dir(const std::string& name) { return orthopt::test::fresh_dir(scratch_root(), name); }
 
-
 std::string corpus_path() {
   static const std::string path = orthopt::test::write_word_corpus(scratch_root() / "corpus.txt", 12345);
   return path;
@@ -53,18 +52,9 @@ Result run(const std::vector<std::string>& args, const std::map<std::string, std
   return orthopt::test::run_cli(scratch_root(), args, env);
 }
 
-
-
-
-// The run every test compares against: 12 steps, evaluation every 4.
+// The run every test compares against: 12 steps, evaluation every 4 (tiny_train_args).
 std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"train",          "--preset",      "tiny",  "--context",    "32",
-                                "--batch-size",   "4",             "--steps", "12",         "--eval-every",
-                                "4",              "--eval-batches", "2",     "--data",       corpus_path(),
-                                "--run-dir",      run_dir.string(), "--progress", "off",    "--checkpoint-every",
-                                "4",              "--keep-last",   "10"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return orthopt::test::tiny_train_args(run_dir, corpus_path(), std::move(extra));
 }
 
 // metrics.jsonl without the timing fields (the only ones allowed to differ between runs).

@@ -120,4 +120,17 @@ inline CliResult run_cli(const std::filesystem::path& scratch, const std::vector
   return wait_cli(spawn_cli(args, env, out, err), out, err);
 }
 
+// The tiny training run the trainer and disk-fault tests share: 12 steps, evaluation and a
+// checkpoint every 4 (none pruned), on `data`, into `run_dir`, then `extra`.
+inline std::vector<std::string> tiny_train_args(const std::filesystem::path& run_dir, const std::string& data,
+                                                std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"train",        "--preset",       "tiny",           "--context",  "32",
+                                "--batch-size", "4",              "--steps",        "12",         "--eval-every",
+                                "4",            "--eval-batches", "2",              "--data",     data,
+                                "--run-dir",    run_dir.string(), "--progress",     "off",        "--checkpoint-every",
+                                "4",            "--keep-last",    "10"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 }  // namespace orthopt::test
