@@ -19,7 +19,7 @@
 //     guards are used; the skip factor's value may change freely).
 // Capture is refused with a clear error when a trainable parameter (requires_grad) has no
 // gradient (the graph would silently never update it) and for Dion groups with dion_qr
-// 'cholesky' on the per-parameter reference path (ORTHOPT_GPU_KERNELS=0), which reads on the host
+// 'cholesky' on the per-parameter reference path (execution banks=off, or kernels=off), which reads on the host
 // which factorizations failed in the middle of the step.
 // release() frees the graph: the next steps are eager warm-up steps again, then it re-captures.
 //

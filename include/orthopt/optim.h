@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "orthopt/orthogonalize.h"
+#include "orthopt/plan.h"
 
 namespace orthopt {
 
@@ -104,7 +105,7 @@ class Optimizer {
   // step() in its two parts, for a CUDA graph (CudaGraphOptimizer captures enqueue_step() and
   // calls finish_step() after each replay). enqueue_step() queues the step on the device
   // without a host synchronization, except on the per-parameter reference paths of Dion with
-  // dion_qr = cholesky (the CPU; ORTHOPT_GPU_KERNELS=0). finish_step() does what needs the
+  // dion_qr = cholesky (the CPU; execution banks=off or kernels=off). finish_step() does what needs the
   // host: where Dion's Cholesky QR2 failed in a bank (which enqueue_step() then left as it
   // was), one synchronization reads it and the bank's params take their step through the
   // reference path, with the Householder QR for the failed matrices. Without such banks
@@ -142,6 +143,9 @@ class Optimizer {
 
   // Bytes of optimizer state held (for the memory-per-rank checks of the distributed layer).
   int64_t state_bytes() const;
+  // The execution plan of a step over every parameter (orthopt/plan.h): per group and bank the
+  // path, the orthogonalization, the fused kernels and estimates of the work.
+  StepPlan plan() const;
 
   // Per-parameter state (name -> tensor; empty before the parameter's first step). The
   // tensors are the live state: steps update them in place. Names per algorithm:

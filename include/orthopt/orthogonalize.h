@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "orthopt/execution.h"
 #include "orthopt/schedules.h"
 
 namespace orthopt {
@@ -39,6 +40,7 @@ struct OrthoOptions {
   std::vector<int64_t> split_sizes;  // row blocks orthogonalized independently (fused QKV)
   bool flatten = false;              // a >=3-D weight is one [dim0, prod(rest)] matrix
   NonFinitePolicy nonfinite = NonFinitePolicy::Error;
+  ExecutionOptions execution;  // which implementation runs (orthopt/execution.h); not the math
 };
 
 // Orthogonalizes G of shape [m, n] or [..., m, n] (leading dims: a batch of independent

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "orthopt/execution.h"
+
 namespace orthopt {
 
 // Sets torch's intra-op thread count (Debian's torch starts with 1) to ORTHOPT_NUM_THREADS or
@@ -27,10 +29,24 @@ std::string blas_threading();
 // whose spinning pool makes torch's threads slow down the products (runtime.cpp says by how much).
 int default_intra_op_threads(int cores, const std::string& blas_threading);
 
-// Whether orthopt's GPU fast paths are on: the CUDA kernels (products, multi-tensor step,
-// scale_cast) and the per-bank Dion3/NorMuon step. ORTHOPT_GPU_KERNELS=0 switches them all off,
-// leaving the ATen reference paths; read at each call, so a test can compare both in one process.
+// Whether orthopt's CUDA kernels may run in this thread: the products, the multi-tensor step,
+// scale_cast. True unless a KernelsScope with ExecutionOptions::kernels = Off is open (the
+// optimizer's step and orthogonalize() open one from their options), which leaves the ATen
+// reference paths.
 bool gpu_kernels_enabled();
+
+// Switches the CUDA kernels off in this thread for the scope's lifetime when `kernels` is
+// Toggle::Off (Auto and On leave the enclosing choice), then restores it.
+class KernelsScope {
+ public:
+  explicit KernelsScope(Toggle kernels);
+  ~KernelsScope();
+  KernelsScope(const KernelsScope&) = delete;
+  KernelsScope& operator=(const KernelsScope&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // torch's TF32 switch for fp32 cuBLAS products (`at::globalContext().setAllowTF32CuBLAS`, what
 // `torch.backends.cuda.matmul.allow_tf32 = True` does in Python) turned on for this object's

@@ -3,7 +3,7 @@ other bits on a second CUDA stream than on the current one?
 
 The finding it probes (torch 2.11): under torch's deterministic mode a Dion step
 run once on a fresh stream after steps on the current stream was off by 3e-8 in one of two
-runs; never on the per-parameter reference path (ORTHOPT_GPU_KERNELS=0), never without
+runs; never on the per-parameter reference path (execution kernels=off), never without
 deterministic mode. This script repeats that with more trials, with a run-to-run baseline (every
 step on the current stream), with torch's NaN fill of new memory off, and names the state that
 differs; then it probes the bank path's ops alone and composed (one bank's step written in
@@ -103,12 +103,13 @@ def per_stream_probe(streams):
         print(f"    {r}")
 
 
-def dion_run(orthopt, fresh_at):
-    """Ten Dion steps on the tiny preset's shapes; step `fresh_at` (None: none) on a fresh stream.
-    Returns the weights, momenta and Q after the last step."""
+def dion_run(orthopt, kernels, fresh_at):
+    """Ten Dion steps on the tiny preset's shapes with execution kernels=`kernels`; step `fresh_at`
+    (None: none) on a fresh stream. Returns the weights, momenta and Q after the last step."""
     gen = torch.Generator().manual_seed(0)
     ps = [(0.1 * torch.randn(s, generator=gen)).cuda().requires_grad_() for s in SHAPES]
-    opt = orthopt.Dion([dict(params=ps)], lr=0.02, weight_decay=0.01, rank_fraction=0.25)
+    opt = orthopt.Dion([dict(params=ps)], lr=0.02, weight_decay=0.01, rank_fraction=0.25,
+                       execution={"kernels": kernels})
     for t in range(10):
         gg = torch.Generator().manual_seed(1000 + t)
         for p in ps:
@@ -139,12 +140,11 @@ def diff_report(ref, out):
 def step_probe(orthopt, trials, kernels, fresh_at):
     """The run with step `fresh_at` on a fresh stream (None: every step on the current stream,
     i.e. run-to-run repeatability) against a first run on the current stream."""
-    os.environ["ORTHOPT_GPU_KERNELS"] = kernels
-    ref = dion_run(orthopt, None)
-    reports = [diff_report(ref, dion_run(orthopt, fresh_at)) for _ in range(trials)]
+    ref = dion_run(orthopt, kernels, None)
+    reports = [diff_report(ref, dion_run(orthopt, kernels, fresh_at)) for _ in range(trials)]
     bad = [r for r in reports if r]
     where = "all steps on the current stream" if fresh_at is None else f"step {fresh_at + 1} on a fresh stream"
-    print(f"  Dion, {where} (ORTHOPT_GPU_KERNELS={kernels}): {len(bad)} of {trials} trials differ")
+    print(f"  Dion, {where} (execution kernels={kernels}): {len(bad)} of {trials} trials differ")
     for r in bad[:3]:
         print(f"    {r}")
 
@@ -184,13 +184,12 @@ def main():
         torch.use_deterministic_algorithms(det)
         torch.utils.deterministic.fill_uninitialized_memory = fill
         print(label)
-        for kernels in () if args.ops_only else ("1", "0"):
+        for kernels in () if args.ops_only else ("auto", "off"):
             for fresh_at in (None, 9, 4):
                 step_probe(orthopt, args.trials, kernels, fresh_at)
         op_probes(args.trials)
         composite_probe(args.trials)
         per_stream_probe(args.trials)
-    os.environ.pop("ORTHOPT_GPU_KERNELS", None)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""CPU timing and ATen op count of one optimizer step, batched (ORTHOPT_CPU_BANKS=1) vs the
-per-matrix reference path (ORTHOPT_GPU_KERNELS=0), on a GPT-2-like matrix set (docs/optimizers.md,
-"Batched Dion3 and NorMuon"). The op count is the number of ATen calls a step makes that do
-work on data, seen through a TorchDispatchMode (which also sees the C++ step's calls, each op
-once, deterministically): views, detach and allocations are left out, so it approximates the
+"""CPU timing and ATen op count of one optimizer step, batched (execution banks=on) vs the
+per-matrix reference path (banks=off), on a GPT-2-like matrix set (docs/optimizers.md, "Batched
+Dion3 and NorMuon"; docs/execution.md). The op count is the number of ATen calls a step makes
+that do work on data, seen through a TorchDispatchMode (which also sees the C++ step's calls, each
+op once, deterministically): views, detach and allocations are left out, so it approximates the
 kernels a GPU step launches (one per elementwise op, reduction, copy, fill, matmul; topk a few).
 
 PYTHONPATH=build/python /usr/bin/python3 lab/probes/step_ops.py [--scale 8] [--ns-steps 5] [--repeats 3]
@@ -12,7 +12,6 @@ jobs on a shared machine disturb them less than wall time; min and median of the
 printed: minor page faults per step (median), the CPU cost of large fresh temporaries.
 """
 import argparse
-import os
 import resource
 import time
 
@@ -46,14 +45,8 @@ class CountOps(TorchDispatchMode):
 
 
 PATHS = ("reference", "batched")
-
-
-def set_path(path):
-    os.environ["ORTHOPT_CPU_BANKS"] = "1"  # the batched path is not the CPU default
-    if path == "reference":
-        os.environ["ORTHOPT_GPU_KERNELS"] = "0"
-    else:
-        os.environ.pop("ORTHOPT_GPU_KERNELS", None)
+# Each path's execution options; the batched path is not the CPU default, so both are forced.
+EXECUTION = {"reference": {"banks": "off"}, "batched": {"banks": "on"}}
 
 
 def run(algo, args):
@@ -67,20 +60,17 @@ def run(algo, args):
         for p, g in zip(own, grads):
             p.grad = g.clone()
         opts[path] = orthopt.Muon(own, algorithm=algo, lr=0.02, weight_decay=0.01, ns_steps=args.ns_steps,
-                                  method="standard")
-        set_path(path)
+                                  method="standard", execution=EXECUTION[path])
         opts[path].step()  # state exists
         times[path], faults[path] = [], []
     for _ in range(args.repeats):
         for path in PATHS:
-            set_path(path)
             f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
             opts[path].step()
             times[path].append(time.process_time() - t0)
             faults[path].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     out = {}
     for path in PATHS:
-        set_path(path)
         with CountOps() as count:
             opts[path].step()
         t, f = sorted(times[path]), sorted(faults[path])

@@ -9,10 +9,10 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from ._version import __version__  # noqa: F401  (generated from CMakeLists.txt's project(VERSION))
 
 from ._C import orthogonalize, schedules, set_num_threads  # noqa: F401
-from .optim import AdamW, Dion, Dion2, Dion3, Lion, Muon, NorMuon, param_groups  # noqa: F401
+from .optim import AdamW, Dion, Dion2, Dion3, ExecutionPlan, Lion, Muon, NorMuon, param_groups  # noqa: F401
 from .cuda_graph import CudaGraphOptimizer  # noqa: F401
 from . import dion  # noqa: F401
 
 __all__ = ["orthogonalize", "schedules", "set_num_threads"]
-__all__ += ["Muon", "NorMuon", "Dion3", "Dion2", "Dion", "AdamW", "Lion", "param_groups"]
+__all__ += ["Muon", "NorMuon", "Dion3", "Dion2", "Dion", "AdamW", "Lion", "param_groups", "ExecutionPlan"]
 __all__ += ["CudaGraphOptimizer", "dion"]

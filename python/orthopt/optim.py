@@ -14,6 +14,7 @@ Defaults come from the C++ ``orthopt::GroupOptions`` (``_C.optimizer_option_defa
 class changes only those its algorithm is known by (AdamW's and Lion's lr, Lion's betas).
 """
 import functools
+import json
 import types
 from collections import defaultdict
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
@@ -23,10 +24,11 @@ import torch
 from . import _C
 from . import dtensor as _dt
 
-__all__ = ["Muon", "NorMuon", "Dion3", "Dion2", "Dion", "AdamW", "Lion", "param_groups"]
+__all__ = ["Muon", "NorMuon", "Dion3", "Dion2", "Dion", "AdamW", "Lion", "param_groups", "ExecutionPlan"]
 
 ParamsT = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
 ScheduleT = Union[str, Sequence[Tuple[float, float, float]]]
+ExecutionT = Optional[Union[str, Dict[str, str]]]
 
 # The C++ defaults of every option (orthopt::GroupOptions): the one source.
 _D = dict(_C.optimizer_option_defaults())
@@ -43,7 +45,7 @@ _PASSTHROUGH_KEYS = frozenset({"params", "param_names", "initial_lr", "name", "m
 
 # The options each algorithm reads; a group carries those of its algorithm. A Muon-family group has
 # 'momentum' and no 'betas', so torch's schedulers (OneCycleLR, CyclicLR) cycle its momentum.
-_COMMON = ("lr", "weight_decay", "cautious_weight_decay", "master_weights")
+_COMMON = ("lr", "weight_decay", "cautious_weight_decay", "master_weights", "execution")
 _ORTHO = ("momentum", "momentum_style", "nesterov", "lr_adjust", "schedule", "ns_steps", "method", "compute_dtype",
           "split_sizes", "flatten", "batched", "gram_restarts", "gram_aspect_threshold", "ns_safety", "ns_eps")
 _ALGORITHM_KEYS = {
@@ -217,6 +219,28 @@ def _import_state_dict(state_dict, groups):
 
 
 # ---------------------------------------------------------------- the optimizer
+
+class ExecutionPlan:
+    """An optimizer step's execution plan (opt.plan()): ``device``, ``execution`` (the options'
+    ExecutionOptions), ``flops`` and ``bytes`` (estimates for the whole step) and ``banks``, one
+    dict per bank (group, algorithm, params, matrices, rows, cols, numel, dtype, path, ns_method,
+    ns_dtype, ns_rows, layout, side_stream, kernels, flops, bytes). str() is a table."""
+
+    def __init__(self, text, data):
+        self._text = text
+        self.device = data["device"]
+        self.execution = data["execution"]
+        self.flops = data["flops"]
+        self.bytes = data["bytes"]
+        self.banks = data["banks"]
+
+    def __str__(self):
+        return self._text
+
+    def __repr__(self):
+        return (f"ExecutionPlan(device={self.device!r}, execution={self.execution!r}, banks={len(self.banks)}, "
+                f"flops={self.flops:.3g}, bytes={self.bytes:.3g})")
+
 
 class _OrthoptOptimizer(torch.optim.Optimizer):
     """Shared machinery; each subclass has its own signature and defaults."""
@@ -421,6 +445,16 @@ class _OrthoptOptimizer(torch.optim.Optimizer):
 
     # -- device-side hyperparameters (CUDA-graph friendly), see include/orthopt/optim.h
 
+    def plan(self):
+        """The execution plan of a step (docs/execution.md): per group and bank the path, the
+        Newton-Schulz method and dtype, the fused kernels that run and estimated FLOPs and bytes.
+        print() shows it as a table; .banks holds one dict per bank."""
+        if self._cpp is None:
+            raise RuntimeError("plan(): the distributed engine has no single-process plan; call it on one rank's "
+                               "optimizer without process_group")
+        self._sync()
+        return ExecutionPlan(self._cpp.plan_text(), json.loads(self._cpp.plan_json()))
+
     def set_lr_scale(self, factor):
         """Multiplies every group's lr by `factor` through a device tensor (no host sync, CUDA-graph safe)."""
         (self._dist or self._cpp).set_lr_scale(float(factor))
@@ -528,6 +562,9 @@ _ARG_DOCS = {
     "ns_eps": "ns_eps (float, optional): overrides the schedule's eps in X/(|X|*safety + eps), >= 1e-38 (default: None)",
     "master_weights": "master_weights (bool, optional): keep an fp32 copy of bf16/fp16 parameters in the state "
                       "(default: {master_weights})",
+    "execution": "execution (dict or str, optional): which implementation each part of the step takes, e.g. "
+                 "{{'fold_update': 'off'}} or 'kernels=off'; fields and their measured defaults in docs/execution.md, "
+                 "values 'auto', 'on', 'off'; not the math (default: None, all 'auto')",
     "normuon_beta2": "normuon_beta2 (float, optional): beta2 of the per-row second moment V (default: {normuon_beta2})",
     "normuon_eps": "normuon_eps (float, optional): eps in U/(sqrt(V) + eps), >= 1e-19 (default: {normuon_eps})",
     "fraction": "fraction (float, optional): fraction f in (0, 1] of rows selected per step (default: {fraction})",
@@ -573,7 +610,7 @@ load_state_dict also takes the state dict of {source} over the same parameters i
 def _muon_family_keys(extra):
     return ("lr", "weight_decay", "momentum", "nesterov", "momentum_style", "lr_adjust", "cautious_weight_decay") \
         + tuple(extra) + ("schedule", "ns_steps", "method", "compute_dtype", "split_sizes", "flatten", "batched",
-                          "gram_restarts", "gram_aspect_threshold", "ns_safety", "ns_eps", "master_weights")
+                          "gram_restarts", "gram_aspect_threshold", "ns_safety", "ns_eps", "master_weights", "execution")
 
 
 def _class_options(values):
@@ -594,6 +631,7 @@ class Muon(_OrthoptOptimizer):
                  gram_restarts: Sequence[int] = _D["gram_restarts"],
                  gram_aspect_threshold: float = _D["gram_aspect_threshold"], ns_safety: Optional[float] = None,
                  ns_eps: Optional[float] = None, master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None,
                  process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
@@ -668,6 +706,7 @@ class NorMuon(_OrthoptOptimizer):
                  gram_restarts: Sequence[int] = _D["gram_restarts"],
                  gram_aspect_threshold: float = _D["gram_aspect_threshold"], ns_safety: Optional[float] = None,
                  ns_eps: Optional[float] = None, master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None,
                  process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
@@ -696,6 +735,7 @@ class Dion3(_OrthoptOptimizer):
                  gram_restarts: Sequence[int] = _D["gram_restarts"],
                  gram_aspect_threshold: float = _D["gram_aspect_threshold"], ns_safety: Optional[float] = None,
                  ns_eps: Optional[float] = None, master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None,
                  process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
@@ -726,6 +766,7 @@ class Dion2(_OrthoptOptimizer):
                  batched: bool = _D["batched"], gram_restarts: Sequence[int] = _D["gram_restarts"],
                  gram_aspect_threshold: float = _D["gram_aspect_threshold"], ns_safety: Optional[float] = None,
                  ns_eps: Optional[float] = None, master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None,
                  process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
@@ -738,7 +779,7 @@ U <- orthogonalize(M[S]);  then M[S] <- mu*M[S]   (error feedback: the others ke
 W <- W*(1 - lr*weight_decay);  W[S] <- W[S] - lr*adjust(fan_out, fan_in)*U   (full matrix shape)
 """, ("lr", "weight_decay", "momentum", "lr_adjust", "cautious_weight_decay", "fraction", "scale_lr_by_fraction",
       "schedule", "ns_steps", "method", "compute_dtype", "flatten", "batched", "gram_restarts", "gram_aspect_threshold",
-      "ns_safety", "ns_eps", "master_weights"), _D, ("process_group", "options"),
+      "ns_safety", "ns_eps", "master_weights", "execution"), _D, ("process_group", "options"),
     "momentum is the error-feedback factor (dion's ef_decay). Steps per matrix on every device (no bank path).")
 
 
@@ -751,6 +792,7 @@ class Dion(_OrthoptOptimizer):
                  rank_fraction: float = _D["rank_fraction"], dion_qr: str = _D["dion_qr"], eps: float = _D["eps"],
                  flatten: bool = _D["flatten"], batched: bool = _D["batched"],
                  master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None,
                  process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
@@ -762,7 +804,7 @@ M <- M - (1-mu)*P*R^T                           (error feedback)
 Q <- R with columns normalized (+eps)
 W <- W*(1 - lr*weight_decay) - lr*adjust(fan_out, fan_in)*P*Q^T
 """, ("lr", "weight_decay", "momentum", "lr_adjust", "cautious_weight_decay", "rank_fraction", "dion_qr", "eps",
-      "flatten", "batched", "master_weights"), _D, ("process_group", "options"),
+      "flatten", "batched", "master_weights", "execution"), _D, ("process_group", "options"),
     "Q starts random, seeded per (group, parameter). The four rectangular products follow torch's TF32 switch\n"
     "(torch.backends.cuda.matmul.allow_tf32) on a GPU; the QR stays fp32/fp64 (docs/optimizers.md).")
 
@@ -773,7 +815,8 @@ class AdamW(_OrthoptOptimizer):
     def __init__(self, params: ParamsT, lr: Union[float, torch.Tensor] = 1e-3, betas: Tuple[float, float] = _D["betas"],
                  eps: float = _D["eps"], weight_decay: float = _D["weight_decay"],
                  cautious_weight_decay: bool = _D["cautious_weight_decay"],
-                 master_weights: bool = _D["master_weights"], *, process_group=None, **options):
+                 master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None, process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
 
@@ -781,7 +824,7 @@ AdamW.__doc__ = _doc(
     "AdamW with bias correction and decoupled weight decay (optionally cautious).", """
 m <- beta1*m + (1-beta1)*G;  v <- beta2*v + (1-beta2)*G^2;  t <- t + 1
 W <- W*(1 - lr*weight_decay) - lr*(m/(1-beta1^t))/(sqrt(v)/sqrt(1-beta2^t) + eps)
-""", ("lr", "betas", "eps", "weight_decay", "cautious_weight_decay", "master_weights"),
+""", ("lr", "betas", "eps", "weight_decay", "cautious_weight_decay", "master_weights", "execution"),
     dict(_D, lr=1e-3), ("process_group", "options"),
     _CHECKPOINT_NOTE.format(source="torch.optim.AdamW", mapping="exp_avg, exp_avg_sq, step; lr, betas, eps, "
                                                                  "weight_decay; amsgrad and maximize are refused"))
@@ -793,7 +836,8 @@ class Lion(_OrthoptOptimizer):
     def __init__(self, params: ParamsT, lr: Union[float, torch.Tensor] = 1e-4,
                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
                  cautious_weight_decay: bool = _D["cautious_weight_decay"],
-                 master_weights: bool = _D["master_weights"], *, process_group=None, **options):
+                 master_weights: bool = _D["master_weights"], *,
+                 execution: ExecutionT = None, process_group=None, **options):
         self._setup(params, _class_options(locals()), process_group, options)
 
 
@@ -801,7 +845,7 @@ Lion.__doc__ = _doc(
     "Lion: sign of the interpolated momentum, decoupled weight decay.", """
 D <- sign(beta1*m + (1-beta1)*G);  m <- beta2*m + (1-beta2)*G
 W <- W*(1 - lr*weight_decay) - lr*D
-""", ("lr", "betas", "weight_decay", "cautious_weight_decay", "master_weights"),
+""", ("lr", "betas", "weight_decay", "cautious_weight_decay", "master_weights", "execution"),
     dict(_D, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0), ("process_group", "options"))
 
 

@@ -14,7 +14,8 @@ namespace {
 at::Tensor py_orthogonalize(const at::Tensor& G, const py::object& schedule, int steps, const std::string& method,
                             const py::object& compute_dtype, const std::vector<int>& restarts,
                             const std::vector<int64_t>& split_sizes, bool flatten, double gram_aspect_threshold,
-                            const py::object& safety, const py::object& eps, const std::string& nonfinite) {
+                            const py::object& safety, const py::object& eps, const std::string& nonfinite,
+                            const py::object& execution) {
   orthopt::OrthoOptions opt;
   if (py::isinstance<py::str>(schedule)) {
     opt.schedule = schedule.cast<std::string>();
@@ -38,6 +39,7 @@ at::Tensor py_orthogonalize(const at::Tensor& G, const py::object& schedule, int
   TORCH_CHECK(nonfinite == "error" || nonfinite == "propagate",
               "argument 'nonfinite': expected 'error' or 'propagate', got '", nonfinite, "'");
   opt.nonfinite = nonfinite == "error" ? orthopt::NonFinitePolicy::Error : orthopt::NonFinitePolicy::Propagate;
+  opt.execution = orthopt::python::to_execution(execution);
   py::gil_scoped_release nogil;
   return orthopt::orthogonalize(G, opt);
 }
@@ -65,6 +67,21 @@ namespace orthopt::python {
 at::ScalarType to_scalar_type(const py::object& dtype, const char* arg) {
   TORCH_CHECK(THPDtype_Check(dtype.ptr()), "argument '", arg, "': expected a torch.dtype");
   return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+ExecutionOptions to_execution(const py::object& value) {
+  if (value.is_none()) return {};
+  if (py::isinstance<py::str>(value)) return parse_execution(value.cast<std::string>());
+  TORCH_CHECK_TYPE(py::isinstance<py::dict>(value), "argument 'execution': expected None, a str or a dict, got ",
+                   std::string(py::str(py::type::of(value))));
+  ExecutionOptions e;
+  for (auto item : value.cast<py::dict>()) {
+    TORCH_CHECK_TYPE(py::isinstance<py::str>(item.first) && py::isinstance<py::str>(item.second),
+                     "argument 'execution': expected {field: 'auto' | 'on' | 'off'}, got ",
+                     std::string(py::repr(item.first)), ": ", std::string(py::repr(item.second)));
+    set_field(e, item.first.cast<std::string>(), item.second.cast<std::string>());
+  }
+  return e;
 }
 
 }  // namespace orthopt::python
@@ -110,8 +127,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("steps") = 5, py::arg("method") = "auto", py::arg("compute_dtype") = py::none(),
         py::arg("restarts") = std::vector<int>{2}, py::arg("split_sizes") = std::vector<int64_t>{},
         py::arg("flatten") = false, py::arg("gram_aspect_threshold") = 1.5, py::arg("safety") = py::none(),
-        py::arg("eps") = py::none(), py::arg("nonfinite") = "error",
-        "Approximate polar factor of G [m, n] or [..., m, n] by Newton–Schulz.");
+        py::arg("eps") = py::none(), py::arg("nonfinite") = "error", py::kw_only(), py::arg("execution") = py::none(),
+        "Approximate polar factor of G [m, n] or [..., m, n] by Newton–Schulz. execution: which implementation "
+        "runs (None, 'field=value,...' or {field: value}; docs/execution.md).");
   m.def("filesystem_provider", &orthopt::filesystem_provider,
         "Shared object that runs the library's std::filesystem code (must be the system libstdc++).");
   m.def("schedules", &py_schedules, "Each built-in schedule's name, triples, tail, safety and eps.");

@@ -20,13 +20,13 @@ const std::vector<std::string>& option_keys() {
       "algorithm", "lr", "weight_decay", "cautious_weight_decay", "momentum", "momentum_style", "nesterov",
       "lr_adjust", "schedule", "ns_steps", "method", "compute_dtype", "split_sizes", "flatten", "gram_restarts",
       "gram_aspect_threshold", "ns_safety", "ns_eps", "normuon_beta2", "normuon_eps", "fraction", "scale_lr_by_fraction",
-      "rank_fraction", "dion_qr", "betas", "eps", "master_weights"};
+      "rank_fraction", "dion_qr", "betas", "eps", "master_weights", "execution"};
   return keys;
 }
 
 // Options that may be None (the C++ default: unset / empty); every other option needs a value.
 bool may_be_none(const char* key) {
-  for (const char* k : {"compute_dtype", "split_sizes", "ns_safety", "ns_eps"})
+  for (const char* k : {"compute_dtype", "split_sizes", "ns_safety", "ns_eps", "execution"})
     if (std::strcmp(k, key) == 0) return true;
   return false;
 }
@@ -129,6 +129,7 @@ GroupOptions options_from_dict(const py::dict& d) {
   }
   read(d, "eps", o.eps, "a float");
   read(d, "master_weights", o.master_weights, "a bool");
+  if (d.contains("execution")) o.ortho.execution = orthopt::python::to_execution(d["execution"]);
   return o;
 }
 
@@ -163,6 +164,7 @@ py::dict default_options() {
   d["betas"] = py::make_tuple(o.beta1, o.beta2);
   d["eps"] = o.eps;
   d["master_weights"] = o.master_weights;
+  d["execution"] = py::none();
   return d;
 }
 
@@ -226,7 +228,9 @@ void register_optim(py::module_& m) {
       .def_property_readonly("skip_factor", &orthopt::Optimizer::skip_factor)
       .def_property_readonly("step_count", &orthopt::Optimizer::step_count)
       .def_property_readonly("state_bytes", &orthopt::Optimizer::state_bytes)
-      .def_property_readonly("state_version", &orthopt::Optimizer::state_version);
+      .def_property_readonly("state_version", &orthopt::Optimizer::state_version)
+      .def("plan_text", [](const orthopt::Optimizer& o) { return o.plan().to_string(); })
+      .def("plan_json", [](const orthopt::Optimizer& o) { return o.plan().to_json(); });
   m.def("optimizer_option_keys", &option_keys, "Option keys a param group dict may carry.");
   m.def("optimizer_option_defaults", &default_options,
         "Every option key with the C++ default (orthopt::GroupOptions); None where unset.");

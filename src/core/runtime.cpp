@@ -11,7 +11,6 @@
 #include <optional>
 #include <thread>
 
-#include "core/env_switch.h"
 
 namespace orthopt {
 
@@ -78,7 +77,17 @@ Tf32Products::~Tf32Products() {
   if (change_) at::globalContext().setAllowTF32CuBLAS(prev_);
 }
 
-bool gpu_kernels_enabled() { return env_switch("ORTHOPT_GPU_KERNELS") != std::optional<bool>(false); }
+namespace {
+thread_local bool kernels_on = true;
+}  // namespace
+
+bool gpu_kernels_enabled() { return kernels_on; }
+
+KernelsScope::KernelsScope(Toggle kernels) : prev_(kernels_on) {
+  if (kernels == Toggle::Off) kernels_on = false;
+}
+
+KernelsScope::~KernelsScope() { kernels_on = prev_; }
 
 std::string shared_object_of(const void* address) {
   Dl_info info{};

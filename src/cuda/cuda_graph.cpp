@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/torch_version.h"
+#include "optim/optimizer_impl.h"
 #include "orthopt/runtime.h"
 
 // torch >= 2.1: CUDAGraph::capture_begin takes the capture mode.
@@ -41,17 +42,21 @@ namespace orthopt {
 namespace {
 
 // Refuses a group whose step cannot be captured: Dion with the Cholesky QR2 on its per-parameter
-// reference path (ORTHOPT_GPU_KERNELS=0), which reads on the host which factorizations failed
-// in the middle of the step. (Its bank path, the default, captures: it leaves that check to
-// Optimizer::finish_step(), which runs after each replay.) Checked at construction and again
-// at the capture, since the option and the variable may change during the warm-up.
+// reference path (execution banks=off, or kernels=off with banks auto), which reads on the host
+// which factorizations failed in the middle of the step. (Its bank path, the default, captures: it
+// leaves that check to Optimizer::finish_step(), which runs after each replay.) Checked at
+// construction and again at the capture, since the options may change during the warm-up.
 void check_group_capturable(const ParamGroup& group, size_t g) {
-  TORCH_CHECK(group.options.algorithm != Algorithm::Dion || group.options.dion_qr != DionQr::Cholesky ||
-                  group.params.empty() || gpu_kernels_enabled(),
-              "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0: "
-              "that per-parameter reference path synchronizes with the host in the middle of the step (it reads "
-              "which factorizations failed) and cannot be captured in a CUDA graph; unset ORTHOPT_GPU_KERNELS, use "
-              "dion_qr 'householder', or keep the group in a separate eager optimizer");
+  if (group.options.algorithm != Algorithm::Dion || group.options.dion_qr != DionQr::Cholesky ||
+      group.params.empty())
+    return;
+  const KernelsScope kernels(group.options.ortho.execution.kernels);
+  TORCH_CHECK(optim_core::use_banks(group.params[0].device(), group.options.ortho.execution),
+              "CudaGraphOptimizer: group ", g, " uses 'dion' with dion_qr 'cholesky' on the per-parameter reference "
+              "path (execution ", to_string(group.options.ortho.execution), "): that path synchronizes with the host in "
+              "the middle of the step (it reads which factorizations failed) and cannot be captured in a CUDA graph; "
+              "leave execution banks and kernels at auto, use dion_qr 'householder', or keep the group in a separate "
+              "eager optimizer");
 }
 
 // The first option in which a and b differ, or nullptr. Every field of GroupOptions and
@@ -90,6 +95,8 @@ const char* first_difference(const GroupOptions& a, const GroupOptions& b) {
   if (a.beta2 != b.beta2) return "beta2";
   if (a.eps != b.eps) return "eps";
   if (a.master_weights != b.master_weights) return "master_weights";
+  for (const std::string& f : execution_fields())
+    if (get_field(x.execution, f) != get_field(y.execution, f)) return "execution";
   return nullptr;
 }
 

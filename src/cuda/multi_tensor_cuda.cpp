@@ -8,7 +8,6 @@
 #include <map>
 #include <optional>
 
-#include "core/env_switch.h"
 #include "cuda/products_cuda.h"
 #include "orthopt/runtime.h"
 #include "orthopt/kernels/gemm.h"
@@ -204,9 +203,7 @@ at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq) {
 }
 
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols) {
-  if (env_switch("ORTHOPT_FUSED_NS_INPUT") == std::optional<bool>(false) || !device.is_cuda() ||
-      !gpu_kernels_enabled())
-    return false;
+  if (!device.is_cuda() || !gpu_kernels_enabled()) return false;
   const c10::cuda::CUDAGuard guard(device);
   return orthopt_momentum_ns_input_fits(rows, cols) == 1;
 }

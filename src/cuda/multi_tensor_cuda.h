@@ -18,8 +18,7 @@
 namespace orthopt::cuda {
 
 // Whether the multi-tensor kernels take this tensor: a non-empty contiguous CUDA tensor in
-// fp32, bf16 or fp16, and the kernels not switched off by ORTHOPT_GPU_KERNELS=0 (read at each
-// call, like handles(), so a test can compare with the reference path in one process).
+// fp32, bf16 or fp16, with the kernels on (like handles()).
 bool multi_tensor_handles(const at::Tensor& t);
 
 // M ← μ·M + w·G and out = nesterov ? w·G + μ·M_new : M_new (in out's dtype; `outs` empty:
@@ -39,8 +38,8 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
 at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq);
 
 // Whether momentum_ns_input takes matrices [rows, cols] on `device`
-// (orthopt_momentum_ns_input_fits); false where ORTHOPT_FUSED_NS_INPUT=0 (read at each call:
-// A/B timings, and the tests' comparison with the two-pass form).
+// (orthopt_momentum_ns_input_fits) with the kernels on (ExecutionOptions::fused_ns_input is
+// the caller's choice).
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols);
 // momentum_rows(SumSqOfOutput) into an fp32 stack, norms_from_row_sumsq and the scaled cast
 // of that stack to `out`'s dtype, in one kernel (orthopt_momentum_ns_input), bit for bit (a

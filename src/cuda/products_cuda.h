@@ -10,9 +10,8 @@
 
 namespace orthopt::cuda {
 
-// Whether the kernels take this operand: a CUDA tensor in bf16 or fp16, and routing not
-// switched off by the environment variable ORTHOPT_GPU_KERNELS=0 (read at each call, so a
-// test can compare against the ATen reference path in one process).
+// Whether the kernels take this operand: a CUDA tensor in bf16 or fp16, with the kernels on in
+// this thread (gpu_kernels_enabled(): off inside a KernelsScope of execution kernels=off).
 bool handles(const at::Tensor& t);
 
 // Whether t [B, r, c] is not contiguous but its transpose [B, c, r] is (Newton–Schulz's view of
@@ -36,8 +35,7 @@ at::Tensor gemm(const at::Tensor& A, const at::Tensor& X, double alpha, const at
                 const at::Tensor& out = at::Tensor(), std::optional<at::ScalarType> out_dtype = std::nullopt);
 
 // Whether scale_cast takes this input and output dtype: a CUDA tensor in fp32, bf16 or fp16, an
-// output dtype among those, and routing not switched off by ORTHOPT_GPU_KERNELS=0 (read at each
-// call, like handles()).
+// output dtype among those, with the kernels on (like handles()).
 bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype);
 
 // op(in[b] / (norm[b]·safety + eps)) in out_dtype for in [B, rows, cols] (fp32, bf16 or fp16)

@@ -99,7 +99,7 @@ DionResult dion_finish(const at::Tensor& M, const at::Tensor& P, double mu, doub
 // bank-sized result and its copy into the state. The same bits as dion_finish.
 DionResult dion_finish_(const at::Tensor& M, const at::Tensor& P, double mu, double eps);
 // Q of the fp32 Householder QR of P [..., m, r]: LAPACK on the CPU (and with
-// ORTHOPT_GPU_KERNELS=0, cuSOLVER on a GPU, through linalg_qr); on a GPU with the kernels,
+// execution kernels=off, cuSOLVER on a GPU, through linalg_qr); on a GPU with the kernels,
 // householder_q_blocked with the panel kernel, LAPACK's reflectors (β = −sign(α)·‖x‖: the same
 // column signs, except where a column has nothing below its diagonal, which LAPACK leaves and
 // ours negates), in batched products instead of cuSOLVER's one call per matrix.

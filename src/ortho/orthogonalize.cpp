@@ -9,7 +9,7 @@
 #include <numeric>
 #include <optional>
 
-#include "core/env_switch.h"
+#include "orthopt/runtime.h"
 #include "ortho/orthogonalize_detail.h"
 #include "ortho/products.h"
 
@@ -134,18 +134,17 @@ std::vector<at::Tensor> gram_ns(std::vector<at::Tensor> Xs, const Schedule& s, i
 // lower triangle, m/2 more multiply-adds per element each time R is formed, so it pays for small
 // m only. Measured on an H200 (bench/results/2026-12-01-h200-own-layout.md): GPT-2's
 // 2304×768 and 3072×768 banks (m = 768) gain; at Llama's m = 2048 the estimate is a loss.
-// CUDA kernels only (the reference path transposes). ORTHOPT_GRAM_OWN_LAYOUT=0|1 forces it off
-// or on (A/B timings).
+// CUDA kernels only (the reference path transposes). ExecutionOptions::gram_own_layout forces it
+// off or on.
 constexpr int64_t kOwnLayoutMaxM = 1024;
 
-bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m) {
+bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m, Toggle choice) {
 #ifdef ORTHOPT_WITH_CUDA
   if (compute != at::kBFloat16 && compute != at::kHalf) return false;
   if (!cuda::scale_cast_handles(G3, compute)) return false;
-  if (const std::optional<bool> forced = env_switch("ORTHOPT_GRAM_OWN_LAYOUT")) return *forced;
-  return m <= kOwnLayoutMaxM;
+  return resolve(choice, m <= kOwnLayoutMaxM);
 #else
-  (void)G3, (void)compute, (void)m;
+  (void)G3, (void)compute, (void)m, (void)choice;
   return false;
 #endif
 }
@@ -199,8 +198,9 @@ NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
 
 // Whether NS keeps a tall batch in its own layout (Gram NS, gram_in_own_layout). `like`: the
 // batch, or a tensor of its device and dtype.
-bool in_own_layout(const NsShape& shape, const at::Tensor& like) {
-  return shape.tall && shape.method == OrthoMethod::Gram && gram_in_own_layout(like, shape.compute, shape.m);
+bool in_own_layout(const NsShape& shape, const at::Tensor& like, const ExecutionOptions& e) {
+  return shape.tall && shape.method == OrthoMethod::Gram &&
+         gram_in_own_layout(like, shape.compute, shape.m, e.gram_own_layout);
 }
 // Whether NS takes a batch as stored: wide and square batches, and tall ones in their own layout.
 // The one rule behind both the inputs callers prepare (detail::prepared_input_dtype) and the
@@ -214,8 +214,7 @@ bool takes_as_stored(bool tall, bool own_layout) { return !tall || own_layout; }
 at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType compute, const Schedule& s,
                             const at::Tensor& given_norm, bool own_layout) {
 #ifdef ORTHOPT_WITH_CUDA
-  // CUDA input in fp32/bf16/fp16, compute dtype among those, kernels not switched off by
-  // ORTHOPT_GPU_KERNELS=0.
+  // CUDA input in fp32/bf16/fp16, compute dtype among those, kernels on (execution kernels).
   if (cuda::scale_cast_handles(G3, compute)) {
     // One kernel instead of a (strided, for tall inputs) fp32 copy, the division and the cast:
     // the same fp32 operations, bit for bit (orthopt_scale_cast). The norm is taken over the
@@ -232,7 +231,7 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
   }
 #endif
   TORCH_CHECK(!own_layout, "normalized_input: own layout needs the CUDA kernels");
-  // The reference path (CPU, fp64, ORTHOPT_GPU_KERNELS=0).
+  // The reference path (CPU, fp64, execution kernels=off).
   const at::ScalarType norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor X = tall ? G3.transpose(1, 2) : G3;
   if (given_norm.defined()) {
@@ -257,24 +256,71 @@ at::Tensor normalized_input(const at::Tensor& G3, bool tall, at::ScalarType comp
 // and 2026-12-01-h200-row-stats.md): GPT-2's chains (12×768² standard, 5e9; the m = 768 Gram group,
 // 6e10) gain from running side by side (their products fill the GPU for 1–2 waves, and the small
 // kernels between them leave it idle), while Llama's (≥ 7.6e11, many waves per product) were 7%
-// slower side by side. ORTHOPT_NS_STREAMS=0 keeps every chain on the caller's stream, =1 forks
-// every chain but the first (A/B timings).
+// slower side by side. ExecutionOptions::side_streams = off keeps every chain on the caller's
+// stream, on forks every chain but the first.
 #ifdef ORTHOPT_WITH_CUDA
 constexpr double kSideChainMaxWork = 2e11;
 
-bool on_side_stream(double work) {
-  if (const std::optional<bool> forced = env_switch("ORTHOPT_NS_STREAMS")) return *forced;
-  return work <= kSideChainMaxWork;
-}
+bool on_side_stream(double work, Toggle choice) { return resolve(choice, work <= kSideChainMaxWork); }
 #endif
+
+}  // namespace
+
+detail::NsPlan detail::plan_ns(int64_t batch, int64_t rows, int64_t cols, c10::Device device, at::ScalarType input,
+                               const OrthoOptions& opt) {
+  const NsShape shape = ns_shape(rows, cols, device, opt);
+  NsPlan p;
+  p.tall = shape.tall;
+  p.m = shape.m;
+  p.n = shape.n;
+  p.method = shape.method;
+  p.compute = shape.compute;
+  const at::Tensor like = at::empty({0}, at::TensorOptions().device(device).dtype(input));
+#ifdef ORTHOPT_WITH_CUDA
+  p.kernels = cuda::scale_cast_handles(like, shape.compute);
+#endif
+  p.own_layout = in_own_layout(shape, like, opt.execution);
+  p.work = static_cast<double>(batch) * static_cast<double>(shape.m) * static_cast<double>(shape.m) *
+           static_cast<double>(shape.n);
+  return p;
+}
+
+std::vector<detail::NsChain> detail::plan_chains(const std::vector<NsPlan>& plans, c10::Device device,
+                                                 const ExecutionOptions& e) {
+  std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
+  std::vector<NsChain> chains;
+  for (size_t i = 0; i < plans.size(); ++i)
+    if (plans[i].method == OrthoMethod::Gram) gram[{plans[i].m, plans[i].compute}].push_back(i);
+  for (const auto& [key, idx] : gram) {
+    NsChain c{idx, true, 0.0, false};
+    for (size_t i : idx) c.work += plans[i].work;
+    chains.push_back(c);
+  }
+  for (size_t i = 0; i < plans.size(); ++i)
+    if (plans[i].method != OrthoMethod::Gram) chains.push_back({{i}, false, plans[i].work, false});
+#ifdef ORTHOPT_WITH_CUDA
+  if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
+    // The largest chain stays on the caller's stream; the small ones go beside it, the rest
+    // follow it there.
+    std::stable_sort(chains.begin(), chains.end(), [](const NsChain& a, const NsChain& b) { return a.work > b.work; });
+    for (size_t k = 1; k < chains.size(); ++k) chains[k].side_stream = on_side_stream(chains[k].work, e.side_streams);
+  }
+#else
+  (void)device, (void)e;
+#endif
+  return chains;
+}
+
+namespace {
 
 // Orthogonalizes batches G3s[i] [B_i, r_i, c_i] (any orientation, one device); returns each as
 // [B_i, r_i, c_i] in its compute dtype (for tall inputs through standard NS a transposed view of
 // the contiguous [B, c, r] result; through Gram NS contiguous on the GPU kernels' path, whether it
-// ran in the input's own layout or transposed, gram_ns writing the last product back). Gram batches with
-// the same m and compute dtype iterate together (gram_ns). Each Gram group and each standard
-// input is an independent chain of products; on a GPU with the kernels on, small chains run on
-// parallel streams (on_side_stream; each chain's operations are those it runs alone, so the
+// ran in the input's own layout or transposed, gram_ns writing the last product back). How each
+// batch runs is detail::plan_ns's, and which chains of products run where detail::plan_chains's:
+// Gram batches with the same m and compute dtype iterate together (gram_ns); each Gram group and
+// each standard input is an independent chain of products, and on a GPU with the kernels on,
+// small chains run on parallel streams (each chain's operations are those it runs alone, so the
 // results are too).
 // prepared (empty, or one flag per batch): where set, G3s[i] is its NS input already, scaled and
 // in the compute dtype, as stored (detail::prepared_input_dtype), and norms[i] is not used.
@@ -288,111 +334,82 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
                                               const std::vector<bool>& prepared = {},
                                               const std::vector<const detail::FoldedUpdate*>& updates = {}) {
   std::vector<at::Tensor> X(G3s.size());
-  std::map<std::pair<int64_t, at::ScalarType>, std::vector<size_t>> gram;  // (m, compute dtype) -> inputs
-  std::vector<size_t> standard;
-  std::vector<bool> tall(G3s.size());
-  std::vector<at::ScalarType> compute(G3s.size());
-  std::vector<bool> own_layout(G3s.size());
-  std::vector<double> work(G3s.size());
+  std::vector<detail::NsPlan> plans;
   const c10::Device device = G3s[0].device();
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
     TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
-    const NsShape shape = ns_shape(G3, opt);
-    const auto [is_tall, m, n, method, dtype] = shape;
-    tall[i] = is_tall;
-    compute[i] = dtype;
-    if (method == OrthoMethod::Gram) {
-      const std::string warning = gram_precision_warning(opt, compute[i]);
+    plans.push_back(detail::plan_ns(G3.size(0), G3.size(1), G3.size(2), device, G3.scalar_type(), opt));
+    if (plans.back().method == OrthoMethod::Gram) {
+      const std::string warning = gram_precision_warning(opt, plans.back().compute);
       if (!warning.empty()) {
         TORCH_WARN_ONCE(warning);
       }
     }
-    own_layout[i] = in_own_layout(shape, G3);
-    work[i] = static_cast<double>(G3.size(0)) * static_cast<double>(m) * static_cast<double>(m) *
-              static_cast<double>(n);
-    if (method == OrthoMethod::Gram)
-      gram[{m, compute[i]}].push_back(i);
-    else
-      standard.push_back(i);
   }
   // Gram batches transposed for NS get their last product back in their own layout (gram_ns);
-  // ORTHOPT_GRAM_TRANSPOSED_RESULT=0 leaves it as a transposed view instead (A/B timings).
-  bool transposed_result = true;
-#ifdef ORTHOPT_WITH_CUDA
-  if (const std::optional<bool> forced = env_switch("ORTHOPT_GRAM_TRANSPOSED_RESULT")) transposed_result = *forced;
-  // ORTHOPT_NS_DIRECT_RESULT=0: the last product in the compute dtype and the caller's cast pass
-  // after it, as before the products wrote result_dtype themselves (A/B timings).
-  if (env_switch("ORTHOPT_NS_DIRECT_RESULT") == std::optional<bool>(false)) result_dtype.reset();
-#endif
+  // gram_transposed_result = off leaves it as a transposed view instead.
+  const bool transposed_result = resolve(opt.execution.gram_transposed_result, true);
+  // direct_result = off: the last product in the compute dtype and the caller's cast pass after it.
+  if (!resolve(opt.execution.direct_result, true)) result_dtype.reset();
   auto input = [&](size_t i) {
+    const detail::NsPlan& p = plans[i];
     if (!prepared.empty() && prepared[i]) {
-      TORCH_CHECK(G3s[i].scalar_type() == compute[i] && G3s[i].is_contiguous() &&
-                      takes_as_stored(tall[i], own_layout[i]),
+      TORCH_CHECK(G3s[i].scalar_type() == p.compute && G3s[i].is_contiguous() && takes_as_stored(p.tall, p.own_layout),
                   "argument 'prepared' [", i, "]: input ", i, " (", G3s[i].scalar_type(), ", shape ", G3s[i].sizes(),
-                  ") is not an NS input as stored: expected a contiguous ", compute[i],
+                  ") is not an NS input as stored: expected a contiguous ", p.compute,
                   " batch that NS takes without transposing it");
-      return own_layout[i] ? G3s[i].transpose(1, 2) : G3s[i];
+      return p.own_layout ? G3s[i].transpose(1, 2) : G3s[i];
     }
-    return normalized_input(G3s[i], tall[i], compute[i], s, norms.empty() ? at::Tensor() : norms[i], own_layout[i]);
+    return normalized_input(G3s[i], p.tall, p.compute, s, norms.empty() ? at::Tensor() : norms[i], p.own_layout);
   };
   // Batch i's update, where its last product (laid out as `transposed`) writes the stored layout.
   auto update_of = [&](size_t i, const at::Tensor& x, bool transposed) -> const detail::FoldedUpdate* {
     if (updates.empty() || !updates[i] || !detail::takes_update(x)) return nullptr;
-    return (!tall[i] || own_layout[i] || transposed) ? updates[i] : nullptr;
+    return (!plans[i].tall || plans[i].own_layout || transposed) ? updates[i] : nullptr;
   };
-  struct Chain {
-    std::function<void()> run;
-    double work;
+  auto run_chain = [&](const detail::NsChain& chain) {
+    if (chain.gram) {
+      std::vector<at::Tensor> Xs;
+      std::vector<bool> transposed;
+      std::vector<const detail::FoldedUpdate*> folded;
+      for (size_t i : chain.inputs) {
+        Xs.push_back(input(i));
+        transposed.push_back(transposed_result && plans[i].tall && !plans[i].own_layout);
+        folded.push_back(update_of(i, Xs.back(), transposed.back()));
+      }
+      Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts,
+                   Precision::of(plans[chain.inputs[0]].compute, device), transposed, result_dtype, folded);
+      for (size_t k = 0; k < chain.inputs.size(); ++k) X[chain.inputs[k]] = Xs[k];
+      return;
+    }
+    const size_t i = chain.inputs[0];
+    const at::Tensor x = input(i);
+    // A tall batch runs transposed; its folded update writes the stored layout back
+    // (detail::mm_update's transposed result).
+    X[i] = standard_ns(x, s, opt.steps, Precision::of(plans[i].compute, device), result_dtype,
+                       update_of(i, x, /*transposed=*/plans[i].tall), plans[i].tall);
   };
-  std::vector<Chain> chains;
-  for (const auto& [key, idx] : gram) {
-    double w = 0;
-    for (size_t i : idx) w += work[i];
-    chains.push_back({[&, key = key, idx = idx] {
-                        std::vector<at::Tensor> Xs;
-                        std::vector<bool> transposed;
-                        std::vector<const detail::FoldedUpdate*> folded;
-                        for (size_t i : idx) {
-                          Xs.push_back(input(i));
-                          transposed.push_back(transposed_result && tall[i] && !own_layout[i]);
-                          folded.push_back(update_of(i, Xs.back(), transposed.back()));
-                        }
-                        Xs = gram_ns(std::move(Xs), s, opt.steps, opt.gram_restarts, Precision::of(key.second, device),
-                                     transposed, result_dtype, folded);
-                        for (size_t k = 0; k < idx.size(); ++k) X[idx[k]] = Xs[k];
-                      },
-                      w});
-  }
-  for (size_t i : standard)
-    chains.push_back(
-        {[&, i] {
-           const at::Tensor x = input(i);
-           // A tall batch runs transposed; its folded update writes the stored layout back
-           // (detail::mm_update's transposed result).
-           X[i] = standard_ns(x, s, opt.steps, Precision::of(compute[i], device), result_dtype,
-                              update_of(i, x, /*transposed=*/tall[i]), tall[i]);
-         },
-         work[i]});
+  const std::vector<detail::NsChain> chains = detail::plan_chains(plans, device, opt.execution);
+  const bool any_side = std::any_of(chains.begin(), chains.end(), [](const detail::NsChain& c) { return c.side_stream; });
 #ifdef ORTHOPT_WITH_CUDA
-  if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
-    // The largest chain stays on the caller's stream; the small ones go beside it, the rest
-    // follow it there.
-    std::stable_sort(chains.begin(), chains.end(), [](const Chain& a, const Chain& b) { return a.work > b.work; });
-    std::vector<std::function<void()>> on_caller{chains[0].run}, parallel{[&] {
-      for (const auto& run : on_caller) run();
+  if (any_side) {
+    std::vector<std::function<void()>> parallel{[&] {
+      for (const auto& c : chains)
+        if (!c.side_stream) run_chain(c);
     }};
-    for (size_t k = 1; k < chains.size(); ++k)
-      (on_side_stream(chains[k].work) ? parallel : on_caller).push_back(chains[k].run);
+    for (const auto& c : chains)
+      if (c.side_stream) parallel.push_back([&run_chain, &c] { run_chain(c); });
     std::vector<at::Tensor> inputs(G3s.begin(), G3s.end());
     for (const at::Tensor& n : norms)
       if (n.defined()) inputs.push_back(n);
     cuda::run_on_parallel_streams(device, parallel, inputs, &X);
   } else
 #endif
-    for (const auto& chain : chains) chain.run();
+    for (const auto& chain : chains) run_chain(chain);
+  (void)any_side;
   for (size_t i = 0; i < G3s.size(); ++i)
-    if (tall[i] && X[i].defined()) X[i] = X[i].transpose(1, 2);
+    if (plans[i].tall && X[i].defined()) X[i] = X[i].transpose(1, 2);
   return X;
 }
 
@@ -566,6 +583,7 @@ FiniteCheck finite_check(const at::Tensor& G, const OrthoOptions& opt) {
 // orthogonalize_in_compute_dtype(), or, with result_dtype, the result in that dtype where the
 // last product can write it (the GPU kernels, fp32) and in the compute dtype elsewhere.
 at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::optional<at::ScalarType> result_dtype) {
+  const KernelsScope kernels(opt.execution.kernels);
   check_has_values(G);
   validate_ortho_args(G, opt);
   const Schedule s = resolve_schedule(opt);
@@ -617,12 +635,13 @@ at::Tensor detail::orthogonalize_in_compute_dtype(const at::Tensor& G, const Ort
 
 std::optional<at::ScalarType> detail::prepared_input_dtype(int64_t rows, int64_t cols, const OrthoOptions& opt,
                                                            const at::Tensor& like) {
+  const KernelsScope kernels(opt.execution.kernels);
 #ifdef ORTHOPT_WITH_CUDA
   if (!opt.split_sizes.empty() || !like.defined() || !like.is_cuda() || rows < 1 || cols < 1) return std::nullopt;
   const NsShape shape = ns_shape(rows, cols, like.device(), opt);
   if (shape.compute != at::kBFloat16 && shape.compute != at::kHalf) return std::nullopt;
   if (!cuda::scale_cast_handles(like, shape.compute)) return std::nullopt;
-  if (takes_as_stored(shape.tall, in_own_layout(shape, like))) return shape.compute;
+  if (takes_as_stored(shape.tall, in_own_layout(shape, like, opt.execution))) return shape.compute;
 #else
   (void)rows, (void)cols, (void)opt, (void)like;
 #endif
@@ -636,6 +655,7 @@ std::vector<at::Tensor> detail::orthogonalize_many_in_compute_dtype(const std::v
                                                                    const std::vector<const FoldedUpdate*>& updates) {
   TORCH_CHECK(opt.split_sizes.empty(), "argument 'split_sizes': orthogonalize_many takes whole matrices (split them "
               "before, or call orthogonalize per tensor)");
+  const KernelsScope kernels(opt.execution.kernels);
   for (const auto& G : Gs) {
     check_has_values(G);
     validate_ortho_args(G, opt);
@@ -684,6 +704,7 @@ at::Tensor detail::cast_result(const at::Tensor& X, at::ScalarType dtype) {
 }
 
 at::Tensor orthogonalize(const at::Tensor& G, const OrthoOptions& opt) {
+  const KernelsScope kernels(opt.execution.kernels);
   // The last product writes G's dtype where it can; cast_result converts what it did not.
   return detail::cast_result(orthogonalize_one(G, opt, G.scalar_type()), G.scalar_type());
 }

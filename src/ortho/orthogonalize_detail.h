@@ -49,6 +49,31 @@ std::vector<at::Tensor> orthogonalize_many_in_compute_dtype(const std::vector<at
 std::optional<at::ScalarType> prepared_input_dtype(int64_t rows, int64_t cols, const OrthoOptions& opt,
                                                    const at::Tensor& like);
 
+// How one batch [batch, rows, cols] of `input` dtype on `device` is orthogonalized: the rule
+// orthogonalize() follows (orientation, method, compute dtype, whether the CUDA kernels take it
+// and whether a tall Gram batch stays in its own layout), for the optimizer's plan to record and
+// hand down. work: the multiply-adds of one X·Xᵀ over the batch (B·m²·n).
+struct NsPlan {
+  bool tall = false;
+  int64_t m = 0, n = 0;
+  OrthoMethod method = OrthoMethod::Standard;
+  at::ScalarType compute = at::kFloat;
+  bool kernels = false;
+  bool own_layout = false;
+  double work = 0;
+};
+NsPlan plan_ns(int64_t batch, int64_t rows, int64_t cols, c10::Device device, at::ScalarType input,
+               const OrthoOptions& opt);
+// An independent chain of NS products: a Gram group (inputs with the same m and compute dtype
+// iterating together) or one standard input; side_stream: it runs on a side stream beside the
+// first chain (which stays on the caller's). In the order the chains are enqueued.
+struct NsChain {
+  std::vector<size_t> inputs;
+  bool gram = false;
+  double work = 0;
+  bool side_stream = false;
+};
+std::vector<NsChain> plan_chains(const std::vector<NsPlan>& plans, c10::Device device, const ExecutionOptions& e);
 // X.to(dtype), on the GPU by the vectorized cast kernel: what orthogonalize() does last.
 at::Tensor cast_result(const at::Tensor& X, at::ScalarType dtype);
 

@@ -18,7 +18,7 @@ at::Tensor narrow(const at::Tensor& t, const Precision& p) { return p.emulate ? 
 
 // CUDA bf16/fp16 operands go to the kernel library (symmetric products computed over the
 // lower triangle only, rectangular ones through cuBLASLt); everything else, and the reference
-// for the GPU tests (ORTHOPT_GPU_KERNELS=0), is the ATen path below.
+// for the GPU tests (execution kernels=off), is the ATen path below.
 #ifdef ORTHOPT_WITH_CUDA
 bool use_kernels(const at::Tensor& t) { return cuda::handles(t); }
 #endif

@@ -1,5 +1,5 @@
 // The batched Dion3, NorMuon and Dion steps (one op per bank of same-shaped matrices, src/optim/optimizer.cpp)
-// against their per-matrix reference paths (ORTHOPT_GPU_KERNELS=0), in one process.
+// against their per-matrix reference paths, in one process: ExecutionOptions::banks on and off.
 //
 // Two optimizers over identical parameters receive identical random gradients; one steps on the
 // batched path, the other on the reference path. Tolerance: none. Every parameter and every state
@@ -40,22 +40,9 @@ using orthopt::GroupOptions;
 using orthopt::Optimizer;
 using orthopt::ParamGroup;
 
-// The batched path is not the CPU default (use_banks() in optimizer.cpp): ORTHOPT_CPU_BANKS=1
-// switches it on for these tests; ORTHOPT_GPU_KERNELS=0 (ReferencePath) selects the per-matrix
-// path over it.
-class OptimBanks : public ::testing::Test {
- protected:
-  void SetUp() override {
-    setenv("ORTHOPT_CPU_BANKS", "1", 1);
-    unsetenv("ORTHOPT_GPU_KERNELS");
-  }
-  void TearDown() override { unsetenv("ORTHOPT_CPU_BANKS"); }
-};
-
-struct ReferencePath {  // the per-matrix path for the rest of the scope
-  ReferencePath() { setenv("ORTHOPT_GPU_KERNELS", "0", 1); }
-  ~ReferencePath() { unsetenv("ORTHOPT_GPU_KERNELS"); }
-};
+// The batched path is not the CPU default (use_banks() in core.cpp): ExecutionOptions::banks = on
+// selects it for one optimizer, off the per-matrix path for the other.
+class OptimBanks : public ::testing::Test {};
 
 struct ParamSpec {
   std::vector<int64_t> sizes;
@@ -95,6 +82,17 @@ std::vector<ParamGroup> copy_groups(const std::vector<ParamGroup>& groups) {
   for (auto& g : out)
     for (auto& p : g.params) p = p.detach().clone().requires_grad_(true);
   return out;
+}
+
+std::vector<ParamGroup> on_path(std::vector<ParamGroup> groups, orthopt::Toggle banks) {
+  for (auto& g : groups) g.options.ortho.execution.banks = banks;
+  return groups;
+}
+std::vector<ParamGroup> batched_path(const std::vector<ParamGroup>& groups) {
+  return on_path(copy_groups(groups), orthopt::Toggle::On);
+}
+std::vector<ParamGroup> reference_path(const std::vector<ParamGroup>& groups) {
+  return on_path(copy_groups(groups), orthopt::Toggle::Off);
 }
 
 // The same random gradients (NaN in every one when asked) for every optimizer; frozen params get none.
@@ -157,7 +155,7 @@ std::string first_difference(const std::vector<std::pair<std::string, at::Tensor
 // NaN gradients, and normal steps; compares after every step.
 void expect_batched_equals_reference(const std::vector<GroupSpec>& specs) {
   const auto groups = make_groups(specs);
-  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  Optimizer batched(batched_path(groups)), reference(reference_path(groups));
   const at::Tensor one = at::ones({}), zero = at::zeros({});
   for (int t = 0; t < 7; ++t) {
     const bool skip = t == 4;
@@ -170,10 +168,7 @@ void expect_batched_equals_reference(const std::vector<GroupSpec>& specs) {
     fill_grads(specs, {&batched, &reference}, t, /*nan=*/skip);
     const auto before = snapshot(batched);
     batched.step();
-    {
-      ReferencePath on;
-      reference.step();
-    }
+    reference.step();
     const auto now = snapshot(batched);
     ASSERT_EQ(first_difference(now, snapshot(reference)), "") << "batched path differs from the reference at step " << t;
     if (skip) EXPECT_EQ(first_difference(now, before), "") << "the skipped step " << t << " changed something";
@@ -241,11 +236,10 @@ TEST_F(OptimBanks, Dion3CautiousDecaySpecialValuesBitForBit) {
     W[r][2] = NAN;
     W[r][3] = -INFINITY;
   }
-  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  Optimizer batched(batched_path(groups)), reference(reference_path(groups));
   for (int t = 0; t < 3; ++t) {
     fill_grads(specs, {&batched, &reference}, t, false);
     batched.step();
-    ReferencePath on;
     reference.step();
     ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
   }
@@ -287,11 +281,10 @@ TEST_F(OptimBanks, NorMuonBatchedEqualsPerMatrixBitForBit) {
 TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
   const std::vector<GroupSpec> specs = {{Algorithm::Dion3, {{{16, 40}}, {{16, 40}}, {{3, 16, 40}}, {{24, 24}}}, {}}};
   const auto groups = make_groups(specs);
-  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  Optimizer batched(batched_path(groups)), reference(reference_path(groups));
   auto step_both = [&](int t) {
     fill_grads(specs, {&batched, &reference}, t, false);
     batched.step();
-    ReferencePath on;
     reference.step();
     ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
   };
@@ -333,7 +326,6 @@ TEST_F(OptimBanks, Dion3MomentaLiveInOneBufferAcrossStepsAndLoads) {
   for (int t = 3; t < 5; ++t) {
     fill_grads(specs, {&restored, &reference}, t, false);
     restored.step();
-    ReferencePath on;
     reference.step();
     ASSERT_EQ(first_difference(snapshot(restored), snapshot(reference)), "") << "after load, step " << t;
   }
@@ -395,13 +387,10 @@ TEST_F(OptimBanks, DionCholeskyFallbackInABankBitForBit) {
                                            o.dion_qr = orthopt::DionQr::Cholesky;
                                          }}};
   const auto groups = make_groups(specs);
-  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  Optimizer batched(batched_path(groups)), reference(reference_path(groups));
   fill_grads(specs, {&batched, &reference}, 0, false);
   batched.step();  // creates the state; then param 1's Q gets a zero column
-  {
-    ReferencePath on;
-    reference.step();
-  }
+  reference.step();
   ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "");
   for (Optimizer* o : {&batched, &reference}) {
     std::vector<std::vector<Optimizer::StateDict>> states(1);
@@ -416,10 +405,7 @@ TEST_F(OptimBanks, DionCholeskyFallbackInABankBitForBit) {
   for (int t = 1; t < 3; ++t) {
     fill_grads(specs, {&batched, &reference}, t, false);
     batched.step();
-    {
-      ReferencePath on;
-      reference.step();
-    }
+    reference.step();
     ASSERT_EQ(first_difference(snapshot(batched), snapshot(reference)), "") << "step " << t;
   }
   // Step 1 falls back for param 1; its Q is then full rank again (R's columns), step 2 does not.
@@ -438,13 +424,10 @@ TEST_F(OptimBanks, DionCholeskyFailedBankIsSteppedByFinishStep) {
                                            o.dion_qr = orthopt::DionQr::Cholesky;
                                          }}};
   const auto groups = make_groups(specs);
-  Optimizer batched(copy_groups(groups)), reference(copy_groups(groups));
+  Optimizer batched(batched_path(groups)), reference(reference_path(groups));
   fill_grads(specs, {&batched, &reference}, 0, false);
   batched.step();
-  {
-    ReferencePath on;
-    reference.step();
-  }
+  reference.step();
   for (Optimizer* o : {&batched, &reference}) {  // param 1's Q gets a zero column: its P is rank-deficient
     std::vector<std::vector<Optimizer::StateDict>> states(1);
     for (size_t i = 0; i < 4; ++i) {
@@ -472,10 +455,7 @@ TEST_F(OptimBanks, DionCholeskyFailedBankIsSteppedByFinishStep) {
   }
   EXPECT_EQ(batched.dion_qr_fallbacks(), 0);
   batched.finish_step();
-  {
-    ReferencePath on;
-    reference.step();
-  }
+  reference.step();
   EXPECT_EQ(first_difference(snapshot(batched), snapshot(reference)), "");
   EXPECT_EQ(batched.dion_qr_fallbacks(), 1);
   EXPECT_EQ(reference.dion_qr_fallbacks(), 1);

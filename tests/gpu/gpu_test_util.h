@@ -28,4 +28,13 @@ inline std::string first_mismatch(const Optimizer& a, const Optimizer& b) {
   return "";
 }
 
+// Sets one ExecutionOptions field (Toggle) on every group of `opt` (the path its next steps take).
+inline void set_execution(Optimizer& opt, Toggle ExecutionOptions::*field, Toggle value) {
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+    GroupOptions o = opt.param_groups()[g].options;
+    o.ortho.execution.*field = value;
+    opt.set_group_options(g, o);
+  }
+}
+
 }  // namespace orthopt::gpu_test

@@ -2,7 +2,7 @@
 // not in CI (needs a GPU; tests/gpu/run.sh runs it).
 //
 // Fused vs reference: two optimizers over identical parameters receive identical random
-// gradients for 10 steps; one steps with ORTHOPT_GPU_KERNELS=0 (the ATen reference path), the
+// gradients for 10 steps; one steps with kernels=off (the ATen reference path), the
 // other on the fused path. The kernels perform the reference's fp32 operations one by one, in the
 // same order and without fused multiply-adds (kernels/src/multi_tensor.cu), so the trajectories
 // are expected to agree bit for bit. The bound, 1e-5 of how far the reference tensor moved
@@ -11,7 +11,7 @@
 // steps, about 1e-6; a wrong formula, scalar, dtype or buffer shows as 1e-3 to 1. Tensors stored
 // in bf16/fp16 may round an fp32 difference of one unit to the neighbouring 16-bit value: 2^-8
 // of their norm more. The matrix groups orthogonalize in fp32 in that comparison
-// (compute_dtype), so both runs use the same ATen Newton–Schulz: ORTHOPT_GPU_KERNELS=0 switches
+// (compute_dtype), so both runs use the same ATen Newton–Schulz: kernels=off switches
 // the bf16/fp16 product kernels off too, and those differ from ATen's products at bf16 level.
 // One difference remains with fp32 NS, for tall matrices only: the fused run prepares the NS
 // input with the scale_cast kernel, which takes the Frobenius norm over the matrix as stored,
@@ -40,6 +40,7 @@
 #include "optim/update_math.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
+#include "orthopt/runtime.h"
 
 namespace {
 
@@ -50,10 +51,12 @@ using orthopt::Optimizer;
 using orthopt::gpu_test::first_mismatch;
 using orthopt::ParamGroup;
 
-struct KernelsOff {  // the reference path for the rest of the scope
-  KernelsOff() { setenv("ORTHOPT_GPU_KERNELS", "0", 1); }
-  ~KernelsOff() { unsetenv("ORTHOPT_GPU_KERNELS"); }
+struct KernelsOff {  // the reference path for the rest of the scope (ExecutionOptions::kernels = off)
+  orthopt::KernelsScope scope{orthopt::Toggle::Off};
 };
+using orthopt::gpu_test::set_execution;
+using orthopt::ExecutionOptions;
+using orthopt::Toggle;
 
 std::string error_of(const std::function<void()>& fn) {
   try {
@@ -68,7 +71,6 @@ class GpuFused : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    unsetenv("ORTHOPT_GPU_KERNELS");
   }
 };
 
@@ -404,7 +406,7 @@ TEST_F(GpuFused, SkippedStepWritesNothingEvenWithNanGradients) {
 }
 
 // Groups the kernels do not take keep the reference path: fp64 parameters give the same
-// result with and without ORTHOPT_GPU_KERNELS=0 (NS in fp32, which the product kernels do not
+// result with and without kernels=off (NS in fp32, which the product kernels do not
 // take either).
 TEST_F(GpuFused, Fp64GroupsKeepTheReferencePath) {
   const std::vector<Spec> specs = {
@@ -696,7 +698,7 @@ TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
 }
 
 // Muon and NorMuon steps with the one-pass input (default) and with the two-pass form
-// (ORTHOPT_FUSED_NS_INPUT=0) stay bit-identical over several steps: banks it takes (square,
+// (fused_ns_input=off) stay bit-identical over several steps: banks it takes (square,
 // wide and 3-D stacks, tall banks Gram NS takes in their own layout, a bank of several rounds)
 // next to banks it does not (tall ones NS transposes; rows of 90 elements, not a multiple of 4).
 TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
@@ -714,17 +716,17 @@ TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
   specs.push_back({Algorithm::NorMuon, {{256, 512}, {2, 256, 512}, {512, 128}}, {}, nullptr});
   Optimizer one(make_groups(specs, 31, false));
   Optimizer two(make_groups(specs, 31, false));
-  setenv("ORTHOPT_FOLD_UPDATE", "0", 1);  // the two-pass input is never folded: compare the inputs alone
+  // The two-pass input is never folded: compare the inputs alone.
+  set_execution(one, &ExecutionOptions::fold_update, Toggle::Off);
+  set_execution(two, &ExecutionOptions::fold_update, Toggle::Off);
+  set_execution(two, &ExecutionOptions::fused_ns_input, Toggle::Off);
   for (int t = 0; t < 4; ++t) {
     fill_grads({&one, &two}, 300 + t);
     one.step();
-    setenv("ORTHOPT_FUSED_NS_INPUT", "0", 1);
     two.step();
-    unsetenv("ORTHOPT_FUSED_NS_INPUT");
     const std::string diff = first_mismatch(one, two);
     ASSERT_EQ(diff, "") << "step " << t << ": one-pass and two-pass NS inputs differ at " << diff;
   }
-  unsetenv("ORTHOPT_FOLD_UPDATE");
 }
 
 // orthopt_gemm_update against a float64 reference: W ← (1 − lr·wd)·W − lr·factor·(A·X) for
@@ -792,24 +794,15 @@ TEST_F(GpuFused, UpdateByProductMatchesFloat64) {
 }
 
 // Muon with its update folded into the last NS product (default) against the same steps with
-// ORTHOPT_FOLD_UPDATE=0 (the direction written in bf16 and read back by the update kernel):
+// fold_update=off (the direction written in bf16 and read back by the update kernel):
 // momenta bit-identical (1e-5 bound), parameters within 2⁻⁶ of their movement (the unfolded run
 // rounds each step's direction to bf16, 2⁻⁹ relative, over 4 applied steps; a wrong factor,
 // decay or layout gives O(1)), and not bit-identical: the fold was taken. Step 2 is skipped
 // with NaN gradients: both runs keep their parameters bit for bit (the fold's α = 0, β = 1 on a
 // finite product). `two_pass`: the NS input from momentum_rows and the scaled cast
-// (ORTHOPT_FUSED_NS_INPUT=0, as for banks the one-pass kernel does not fit, e.g. Llama's
+// (fused_ns_input=off, as for banks the one-pass kernel does not fit, e.g. Llama's
 // 2048×5632), whose stack a skipped step fills with zeros.
 void check_folded_against_unfolded(bool two_pass) {
-  struct Env {  // set for the scope, for both runs
-    bool on;
-    explicit Env(bool on_) : on(on_) {
-      if (on) setenv("ORTHOPT_FUSED_NS_INPUT", "0", 1);
-    }
-    ~Env() {
-      if (on) unsetenv("ORTHOPT_FUSED_NS_INPUT");
-    }
-  } env(two_pass);
   std::vector<Spec> specs;
   specs.push_back({Algorithm::Muon, {{768, 768}, {256, 1024}, {3, 256, 1024}, {1024, 256}, {2, 1024, 256}}, {},
                    [](GroupOptions& o) { o.nesterov = true; }});
@@ -819,6 +812,9 @@ void check_folded_against_unfolded(bool two_pass) {
                    }});
   Optimizer folded(make_groups(specs, 41, false));
   Optimizer unfolded(make_groups(specs, 41, false));
+  set_execution(unfolded, &ExecutionOptions::fold_update, Toggle::Off);
+  if (two_pass)
+    for (Optimizer* o : {&folded, &unfolded}) set_execution(*o, &ExecutionOptions::fused_ns_input, Toggle::Off);
   auto one = at::ones({}, at::kFloat), zero = at::zeros({}, at::kFloat);
   const auto start = snapshot_params(unfolded);
   const double lr_scales[] = {1.0, 0.6, 0.9, 0.9, 0.4};
@@ -831,9 +827,7 @@ void check_folded_against_unfolded(bool two_pass) {
     }
     fill_grads({&folded, &unfolded}, 400 + t, /*nan=*/skip);
     folded.step();
-    setenv("ORTHOPT_FOLD_UPDATE", "0", 1);
     unfolded.step();
-    unsetenv("ORTHOPT_FOLD_UPDATE");
     if (skip) {
       const auto after = snapshot_params(folded), after_unfolded = snapshot_params(unfolded);
       for (size_t k = 0; k < after.size(); ++k) {

@@ -348,25 +348,31 @@ TEST_F(GpuGraph, DionCholeskyReplayWithAFallbackBitIdenticalToEager) {
   EXPECT_EQ(eager.dion_qr_fallbacks(), 1);
 }
 
-// Refused: Dion cholesky on its per-parameter reference path (ORTHOPT_GPU_KERNELS=0 at
+// Refused: Dion cholesky on its per-parameter reference path (execution banks=off at
 // construction, or set during the warm-up: then at the capture, before anything is captured),
 // and CPU parameters.
 TEST_F(GpuGraph, DionCholeskyReferencePathAndCpuParametersAreRefused) {
   auto dion = make_groups({{Algorithm::Dion, {{32, 48}}}}, 18);
   dion[0].options.dion_qr = orthopt::DionQr::Cholesky;
-  Optimizer opt(std::move(dion));
-  setenv("ORTHOPT_GPU_KERNELS", "0", 1);
-  std::string err = error_of([&] { CudaGraphOptimizer g(opt); });
-  unsetenv("ORTHOPT_GPU_KERNELS");
-  EXPECT_NE(err.find("dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0"), std::string::npos) << err;
+  auto reference = dion;
+  reference[0].options.ortho.execution.banks = orthopt::Toggle::Off;
+  Optimizer ref_opt(std::move(reference));
+  std::string err = error_of([&] { CudaGraphOptimizer g(ref_opt); });
+  EXPECT_NE(err.find("dion_qr 'cholesky' on the per-parameter reference path (execution banks=off)"),
+            std::string::npos)
+      << err;
 
+  Optimizer opt(std::move(dion));
   CudaGraphOptimizer warm(opt, 1);  // the bank path: accepted
   fill_grads({&opt}, 0);
-  setenv("ORTHOPT_GPU_KERNELS", "0", 1);
+  {
+    orthopt::GroupOptions o = opt.param_groups()[0].options;
+    o.ortho.execution.banks = orthopt::Toggle::Off;
+    opt.set_group_options(0, o);
+  }
   warm.step();  // the warm-up step, on the reference path
   err = error_of([&] { warm.step(); });
-  unsetenv("ORTHOPT_GPU_KERNELS");
-  EXPECT_NE(err.find("dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0"), std::string::npos) << err;
+  EXPECT_NE(err.find("dion_qr 'cholesky' on the per-parameter reference path"), std::string::npos) << err;
   EXPECT_FALSE(warm.captured());
 
   ParamGroup cpu;

@@ -137,12 +137,10 @@ def test_zero_grad_keeps_buffers_and_set_to_none_is_refused():
         graphed.step()
 
 
-def test_dion_cholesky_reference_path_and_non_orthopt_optimizers_are_refused(monkeypatch):
+def test_dion_cholesky_reference_path_and_non_orthopt_optimizers_are_refused():
     w = torch.randn(32, 48, device="cuda", requires_grad=True)
     orthopt.CudaGraphOptimizer(orthopt.Dion([w], dion_qr="cholesky"))  # the bank path captures
-    monkeypatch.setenv("ORTHOPT_GPU_KERNELS", "0")
-    with pytest.raises(RuntimeError, match="dion_qr 'cholesky' and ORTHOPT_GPU_KERNELS=0"):
-        orthopt.CudaGraphOptimizer(orthopt.Dion([w], dion_qr="cholesky"))
-    monkeypatch.delenv("ORTHOPT_GPU_KERNELS")
+    with pytest.raises(RuntimeError, match="dion_qr 'cholesky' on the per-parameter reference path"):
+        orthopt.CudaGraphOptimizer(orthopt.Dion([w], dion_qr="cholesky", execution={"kernels": "off"}))
     with pytest.raises(TypeError, match="orthopt optimizer"):
         orthopt.CudaGraphOptimizer(torch.optim.SGD([w], lr=0.1))

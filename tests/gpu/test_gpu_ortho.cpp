@@ -11,6 +11,7 @@
 #include "cuda/products_cuda.h"
 #include "ortho/orthogonalize_detail.h"
 #include "orthopt/orthogonalize.h"
+#include "orthopt/runtime.h"
 
 namespace {
 
@@ -41,15 +42,15 @@ at::Tensor spread_shape(const std::vector<int64_t>& shape) {
   return spread(batch, m, n).reshape(shape);
 }
 
-struct KernelsOff {  // the ATen reference path for the rest of the scope
-  KernelsOff() { setenv("ORTHOPT_GPU_KERNELS", "0", 1); }
-  ~KernelsOff() { unsetenv("ORTHOPT_GPU_KERNELS"); }
+struct KernelsOff {  // the ATen reference path for the rest of the scope (ExecutionOptions::kernels = off)
+  orthopt::KernelsScope scope{orthopt::Toggle::Off};
 };
 
-struct DirectResultOff {  // NS's last product in the compute dtype, then a cast (the old path)
-  DirectResultOff() { setenv("ORTHOPT_NS_DIRECT_RESULT", "0", 1); }
-  ~DirectResultOff() { unsetenv("ORTHOPT_NS_DIRECT_RESULT"); }
-};
+// `opt` with NS's last product in the compute dtype, then a cast (ExecutionOptions::direct_result = off).
+orthopt::OrthoOptions cast_after(orthopt::OrthoOptions opt) {
+  opt.execution.direct_result = orthopt::Toggle::Off;
+  return opt;
+}
 
 class Gpu : public ::testing::Test {
  protected:
@@ -162,7 +163,7 @@ TEST_F(Gpu, GramNsFp16WithinCpuBound) {
 }
 
 // Gram NS of tall matrices in their own layout (m <= 1024: R = Tᵀ·T and T·Qᵀ read T as stored,
-// no transposed copies; ORTHOPT_GRAM_OWN_LAYOUT=0 is the transposing path): the result is
+// no transposed copies; gram_own_layout=off is the transposing path): the result is
 // contiguous in G's shape, and as close to the float64 standard iteration as the transposing path
 // (same operations, other product kernels: bf16/fp16 rounding differences only). The transposing
 // path's result is contiguous in G's shape too (its last Q·X written as Xᵀ·Qᵀ). With a restart,
@@ -182,9 +183,9 @@ TEST_F(Gpu, GramNsInOwnLayoutMatchesTransposingPath) {
       const at::Tensor own = orthopt::detail::orthogonalize_in_compute_dtype(G, opt);
       at::Tensor transposing;
       {
-        setenv("ORTHOPT_GRAM_OWN_LAYOUT", "0", 1);
-        transposing = orthopt::detail::orthogonalize_in_compute_dtype(G, opt);
-        unsetenv("ORTHOPT_GRAM_OWN_LAYOUT");
+        orthopt::OrthoOptions transposing_opt = opt;
+        transposing_opt.execution.gram_own_layout = orthopt::Toggle::Off;
+        transposing = orthopt::detail::orthogonalize_in_compute_dtype(G, transposing_opt);
       }
       EXPECT_TRUE(own.is_contiguous());
       EXPECT_TRUE(transposing.is_contiguous());
@@ -202,22 +203,21 @@ TEST_F(Gpu, GramNsInOwnLayoutMatchesTransposingPath) {
 // Independent NS chains (each standard input, each Gram group) on the kernel library's side
 // streams: every chain runs the same operations as on one stream, with the same product
 // algorithms (chosen per shape), so the results are bit-identical to the one-stream run
-// (ORTHOPT_NS_STREAMS=1 forks every chain but the largest, =0 none).
+// (side_streams = on forks every chain but the largest, off none).
 TEST_F(Gpu, ChainsOnSideStreamsBitIdentical) {
   const std::vector<std::vector<int64_t>> shapes = {{3, 128, 512}, {2, 512, 128}, {2, 128, 160}, {4, 96, 96},
                                                     {2, 256, 1024}};
   std::vector<at::Tensor> G3s;
   for (const auto& sh : shapes) G3s.push_back(spread(sh[0], sh[1], sh[2]).cuda());
   orthopt::OrthoOptions opt;  // auto: two Gram groups (m = 128, m = 256), two standard inputs
-  auto run = [&](const char* streams) {
-    setenv("ORTHOPT_NS_STREAMS", streams, 1);
-    auto res = orthopt::detail::orthogonalize_many_in_compute_dtype(G3s, opt);
-    unsetenv("ORTHOPT_NS_STREAMS");
-    return res;
+  auto run = [&](orthopt::Toggle streams) {
+    orthopt::OrthoOptions o = opt;
+    o.execution.side_streams = streams;
+    return orthopt::detail::orthogonalize_many_in_compute_dtype(G3s, o);
   };
-  (void)run("0");  // warm-up: product algorithms chosen, side streams not yet used
-  (void)run("1");  // warm-up of the side streams' cuBLAS handles
-  const auto one = run("0"), forked = run("1");
+  (void)run(orthopt::Toggle::Off);  // warm-up: product algorithms chosen, side streams not yet used
+  (void)run(orthopt::Toggle::On);   // warm-up of the side streams' cuBLAS handles
+  const auto one = run(orthopt::Toggle::Off), forked = run(orthopt::Toggle::On);
   for (size_t i = 0; i < G3s.size(); ++i) {
     EXPECT_TRUE(at::equal(one[i], forked[i])) << "input " << i;
     EXPECT_EQ(one[i].strides(), forked[i].strides()) << "input " << i;
@@ -358,7 +358,7 @@ TEST_F(Gpu, KernelNsInputMatchesReferencePath) {
 
 // The internal entry point the fused optimizer step uses: the NS result in the compute dtype,
 // G's shape, tall ones as transposed views; orthogonalize() with its last product kept in the
-// compute dtype (ORTHOPT_NS_DIRECT_RESULT=0) is exactly its cast.
+// compute dtype (direct_result=off) is exactly its cast.
 TEST_F(Gpu, ResultInComputeDtype) {
   orthopt::OrthoOptions opt;
   opt.method = orthopt::OrthoMethod::Standard;
@@ -373,8 +373,7 @@ TEST_F(Gpu, ResultInComputeDtype) {
     if (tall) {
       EXPECT_TRUE(res.transpose(-2, -1).is_contiguous());
     }
-    DirectResultOff old_path;
-    EXPECT_TRUE(at::equal(res.to(at::kFloat), orthopt::orthogonalize(G, opt)));
+    EXPECT_TRUE(at::equal(res.to(at::kFloat), orthopt::orthogonalize(G, cast_after(opt))));
   }
 }
 
@@ -401,10 +400,7 @@ TEST_F(Gpu, LastProductWritesCallersDtype) {
       (void)orthopt::orthogonalize(G, opt);  // warm-up (algorithm choice)
       const at::Tensor direct = orthopt::orthogonalize(G, opt);
       at::Tensor cast;
-      {
-        DirectResultOff old_path;
-        cast = orthopt::orthogonalize(G, opt);
-      }
+      cast = orthopt::orthogonalize(G, cast_after(opt));
       EXPECT_EQ(direct.scalar_type(), at::kFloat);
       EXPECT_EQ(direct.sizes(), G.sizes());
       EXPECT_EQ(direct.strides(), cast.strides()) << at::IntArrayRef(shape);

@@ -148,14 +148,12 @@ def test_state_dict_round_trip_continues_bit_identically(cls):
 
 
 @pytest.mark.parametrize("name,keys", [("Dion3", ["momentum"]), ("Dion", ["momentum", "Q"])])
-def test_banked_state_is_live_and_round_trips(monkeypatch, name, keys):
-    """Dion3 and Dion per bank (the GPU default; ORTHOPT_CPU_BANKS=1 here) move a bank's momenta
+def test_banked_state_is_live_and_round_trips(name, keys):
+    """Dion3 and Dion per bank (the GPU default; execution banks=on here) move a bank's momenta
     (and Dion's Q) into one buffer on their first step: opt.state must follow (the live tensors,
     not the pre-move ones), and a state_dict round trip must continue bit-identically."""
-    monkeypatch.setenv("ORTHOPT_CPU_BANKS", "1")
-
     def factory(ps):
-        return getattr(orthopt, name)(ps, lr=0.02)
+        return getattr(orthopt, name)(ps, lr=0.02, execution={"banks": "on"})
 
     a = make_params([(12, 20), (12, 20), (12, 20)], seed=6, dtype=torch.float32)
     opt_a = _run(factory, a, 2)

@@ -1,0 +1,46 @@
+// Lion (algorithms.md §9): the reference step and the fused CUDA step.
+#include "optim/optimizer_impl.h"
+
+#include "optim/update_math.h"
+#ifdef ORTHOPT_WITH_CUDA
+#include "cuda/multi_tensor_cuda.h"
+#include "cuda/products_cuda.h"
+#endif
+
+namespace orthopt {
+
+using namespace optim_core;
+using optim_detail::lr_adjust_factor;
+
+// ---- Lion
+void OptimizerImpl::step_lion(size_t g, const at::Tensor& lr) {
+  const auto& o = groups[g].options;
+  const auto idx = active(g);
+#ifdef ORTHOPT_WITH_CUDA
+  if (plan_group(g, idx).path == GroupPlan::Path::Fused) return step_lion_fused(g, idx, lr);
+#endif
+  for (size_t i : idx) {
+    auto& st = state_of(g, i);
+    const auto& p = groups[g].params[i];
+    auto [m_new, D] = optim_detail::lion_direction(st.at("exp_avg").to(work_dtype(p)), grad_of(g, i), o.beta1, o.beta2);
+    commit(st.at("exp_avg"), m_new);
+    write_weights(g, i,
+                  optim_detail::decoupled_update(weights(g, i), D, lr, lr, o.weight_decay, o.cautious_weight_decay));
+  }
+}
+
+#ifdef ORTHOPT_WITH_CUDA
+void OptimizerImpl::step_lion_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
+  const auto& o = groups[g].options;
+  std::vector<at::Tensor> grads, exp_avgs, weights, copies;
+  for (size_t i : idx) {
+    grads.push_back(groups[g].params[i].grad());
+    exp_avgs.push_back(state_of(g, i).at("exp_avg"));
+    add_weights(g, i, weights, copies);
+  }
+  cuda::lion(grads, exp_avgs, weights, copies, lr, o.beta1, o.beta2, o.weight_decay, o.cautious_weight_decay,
+             keep_flag());
+}
+#endif  // ORTHOPT_WITH_CUDA
+
+}  // namespace orthopt
