@@ -330,13 +330,12 @@ orthopt_status gemm_update_impl(orthopt_dtype dtype, int64_t batch, int64_t m, i
     plan->tuned = true;
     // The candidates are timed on stand-in weights (the product writes the ones it reads), in
     // memory taken from the stream's pool for this once; where none is free, or a capture is on,
-    // the heuristic's first choice stays. ORTHOPT_GEMM_UPDATE_TUNING=0 keeps it always (A/B).
+    // the heuristic's first choice stays.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ORTHOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    const char* off = std::getenv("ORTHOPT_GEMM_UPDATE_TUNING");
     const size_t weight_bytes = (static_cast<size_t>(batch * m * n) * sizeof(float) + 255) / 256 * 256;
     void* stand_in = nullptr;
-    if (capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1 && !(off && off[0] == '0')) {
+    if (capture == cudaStreamCaptureStatusNone && plan->candidates.size() > 1) {
       if (cudaMallocAsync(&stand_in, weight_bytes + orthopt_gemm_update_scratch_bytes(batch), stream) != cudaSuccess) {
         (void)cudaGetLastError();  // out of memory: keep the heuristic's choice
         stand_in = nullptr;

@@ -18,15 +18,12 @@
 //     multiples of 16): a 16-byte load or store moves 4 to 8 elements, where one element per
 //     access leaves the transpose well short of the elementwise cast's bandwidth;
 //   - one element per access (scale_cast_transpose_kernel), any shape and alignment.
-//   ORTHOPT_TRANSPOSE_VEC=0 (read at each call) forces the second kernel (A/B timings).
 // No transpose (or a transpose of a single row or column, which does not move anything) →
 // elementwise, 16-byte loads and stores when both pointers are aligned and every matrix holds a
 // whole number of vectors, scalar otherwise. Nothing is allocated and nothing waits for the
 // host, so calls can be captured in a CUDA graph.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "internal.h"
 
@@ -238,13 +235,6 @@ __global__ void __launch_bounds__(kThreads, kVecBlocksPerSm)
   }
 }
 
-// The 16-byte transpose unless ORTHOPT_TRANSPOSE_VEC=0 (read at each call, so that a timing run
-// can switch between the two kernels within one process).
-bool transpose_vec_enabled() {
-  const char* v = std::getenv("ORTHOPT_TRANSPOSE_VEC");
-  return !(v && std::string_view(v) == "0");
-}
-
 size_t element_size(orthopt_dtype t) { return t == ORTHOPT_FP32 ? 4 : 2; }
 
 bool valid_scale_cast_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
@@ -280,7 +270,7 @@ orthopt_status launch(int64_t batch, int64_t rows, int64_t cols, const void* in_
     // Every row of in and out starts 16-byte aligned: the pointers, and the row (so also matrix) strides.
     const bool rows_aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                               cols * sizeof(TIn) % 16 == 0 && rows * sizeof(TOut) % 16 == 0;
-    if (rows_aligned && transpose_vec_enabled()) {
+    if (rows_aligned) {
       for (int64_t b0 = 0; b0 < batch; b0 += kMaxGridY) {  // one matrix per grid row
         const int64_t nb = batch - b0 < kMaxGridY ? batch - b0 : kMaxGridY;
         scale_cast_transpose_vec_kernel<TIn, TOut>

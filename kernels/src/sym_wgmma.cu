@@ -1066,16 +1066,6 @@ orthopt_status configure_once(size_t smem_bytes, int* sm_count) {
 // measurements: docs/decisions/symmetric-product-kernels.md).
 constexpr int kPairPanel = 8;
 
-// Whether the persistent kernels are launched as programmatic dependents of the kernel before
-// them (wait_for_previous_grid): yes unless ORTHOPT_SYM_PDL=0.
-bool programmatic_launch() {
-  static const bool on = [] {
-    const char* v = std::getenv("ORTHOPT_SYM_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
-
 // A persistent kernel (kPpThreads threads) on min(work items, SMs) CTAs, each walking a stride
 // of the work list, launched as a programmatic dependent (every such kernel starts with
 // persistent_prologue, which waits for the previous grid).
@@ -1092,7 +1082,7 @@ orthopt_status launch_one_per_sm(size_t smem_bytes, int64_t items, cudaStream_t 
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
-  config.numAttrs = programmatic_launch() ? 1 : 0;
+  config.numAttrs = 1;
   ORTHOPT_CUDA_TRY(cudaLaunchKernelEx(&config, Kernel, args...));
   return ORTHOPT_OK;
 }

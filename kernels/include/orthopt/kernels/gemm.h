@@ -38,8 +38,8 @@ orthopt_status orthopt_gemm(orthopt_dtype dtype, orthopt_dtype out_dtype, int64_
  * orthopt_gemm_update_scratch_bytes(batch), pointer-aligned, not in use by another launch until
  * this one has run (the pointer arrays and α, β are written there by a setup launch). The first
  * call of a shape outside a stream capture times cuBLASLt's candidates on stand-in weights taken
- * for that while from the stream's memory pool (batch·m·n floats; where none is free, or
- * ORTHOPT_GEMM_UPDATE_TUNING=0, the heuristic's first choice is kept). */
+ * for that while from the stream's memory pool (batch·m·n floats; where none is free, the
+ * heuristic's first choice is kept). */
 size_t orthopt_gemm_update_scratch_bytes(int64_t batch);
 /* Whether orthopt_gemm_update takes these addresses: every matrix (A + b·stride_a, X + b·stride_x
  * in elements of dtype_bytes, weight[b]) at a multiple of 256 bytes, the alignment cuBLASLt's

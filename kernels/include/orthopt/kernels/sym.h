@@ -38,8 +38,7 @@ typedef enum {
  * The persistent Hopper kernel is launched as a programmatic dependent: they may start while
  * the previous kernel in the stream finishes and wait for it on the device before touching
  * memory; it lets a following programmatic-dependent kernel launch early, which then must wait
- * for it likewise (griddepcontrol.wait). ORTHOPT_SYM_PDL=0 in the environment launches it
- * plainly. */
+ * for it likewise (griddepcontrol.wait). */
 orthopt_status orthopt_sym_abt(orthopt_dtype dtype, int64_t batch, int64_t m, int64_t k,
                                const void* A, int64_t stride_a, const void* B, int64_t stride_b,
                                float alpha, const void* C, int64_t stride_c, float beta, float diag,
