@@ -57,6 +57,8 @@ const std::vector<FlagSpec>& flag_specs() {
                                 "Householder where it fails)"},
       {"fraction", Kind::Double, "dion3: fraction f of each matrix's rows updated per step, in (0, 1]; the lr is "
                                  "divided by sqrt(f) (docs/algorithms.md §5)"},
+      {"execution", Kind::String, "which implementation each part of the optimizer step takes: auto, or "
+                                  "field=value,... (e.g. kernels=off; docs/execution.md)"},
       {"schedule", Kind::String, "lr schedule: wsd, cosine, constant"},
       {"warmup_frac", Kind::Double, "warmup fraction of the steps"},
       {"stable_frac", Kind::Double, "wsd: stable fraction"},

@@ -39,7 +39,7 @@ json to_json(const TrainConfig& c) {
       {"data", c.data}, {"val_fraction", c.val_fraction},
       {"algorithm", c.algorithm}, {"lr", c.lr}, {"scalar_lr", c.scalar_lr},
       {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
-      {"dion_qr", c.dion_qr}, {"fraction", c.fraction},
+      {"dion_qr", c.dion_qr}, {"fraction", c.fraction}, {"execution", c.execution},
       {"schedule", c.schedule.kind}, {"warmup_frac", c.schedule.warmup_frac},
       {"stable_frac", c.schedule.stable_frac}, {"decay_frac", c.schedule.decay_frac},
       {"min_lr_ratio", c.schedule.min_lr_ratio}, {"decay_shape", c.schedule.decay_shape},
@@ -108,6 +108,7 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "momentum", c.momentum, seen);
   read_key(j, "dion_qr", c.dion_qr, seen);
   read_key(j, "fraction", c.fraction, seen);
+  read_key(j, "execution", c.execution, seen);
   read_key(j, "schedule", c.schedule.kind, seen);
   read_key(j, "warmup_frac", c.schedule.warmup_frac, seen);
   read_key(j, "stable_frac", c.schedule.stable_frac, seen);
@@ -165,6 +166,13 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.scalar_lr > 0.0 && c.scalar_lr <= 10.0, "scalar_lr: must be in (0, 10], got ", c.scalar_lr);
   TORCH_CHECK(c.weight_decay >= 0.0 && c.weight_decay < 1.0, "weight_decay: must be in [0, 1), got ", c.weight_decay);
   TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum: must be in [0, 1), got ", c.momentum);
+  if (c.execution != "auto") {
+    try {
+      (void)parse_execution(c.execution);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "execution: ", e.what_without_backtrace());
+    }
+  }
   TORCH_CHECK(c.dion_qr == "householder" || c.dion_qr == "cholesky",
               "dion_qr: must be householder or cholesky, got '", c.dion_qr, "'");
   TORCH_CHECK(c.fraction > 0.0 && c.fraction <= 1.0, "fraction: must be in (0, 1], got ", c.fraction);
@@ -225,8 +233,9 @@ const std::vector<std::string>& resume_volatile_keys() {
       "run_dir", "resume", "save_checkpoints", "checkpoint_every", "keep_last", "inject_nonfinite",
       "max_nonfinite", "stop_after", "log_every", "progress",
       // how the step executes, not what it computes: a graph replay is bit-identical to the eager
-      // step (docs/cuda_graph.md), and deterministic kernels are other implementations of the same operations
-      "cuda_graph", "deterministic"};
+      // step (docs/cuda_graph.md), deterministic kernels and the execution options are other
+      // implementations of the same operations (docs/execution.md)
+      "cuda_graph", "deterministic", "execution"};
   return keys;
 }
 

@@ -210,9 +210,10 @@ at::Tensor TransformerImpl::forward_impl(const at::Tensor& idx, at::Tensor* z_lo
   TORCH_CHECK(idx.dim() == 2, "model input: expected [batch, time] token ids, got ", idx.sizes());
   TORCH_CHECK(idx.size(1) <= cfg_.context, "model input: sequence length ", idx.size(1),
               " exceeds the context ", cfg_.context);
-  auto tables = rope_tables(idx.size(1), cfg_.d_model / cfg_.n_heads, cfg_.rope_base, idx.device());
+  if (!rope_.first.defined() || rope_.first.size(0) != idx.size(1) || rope_.first.device() != idx.device())
+    rope_ = rope_tables(idx.size(1), cfg_.d_model / cfg_.n_heads, cfg_.rope_base, idx.device());
   auto x = tok_emb->forward(idx);
-  for (const auto& block : *blocks) x = block->as<Block>()->forward(x, tables.first, tables.second, z_loss);
+  for (const auto& block : *blocks) x = block->as<Block>()->forward(x, rope_.first, rope_.second, z_loss);
   return lm_head->forward(norm_f->forward(x)).to(at::kFloat);
 }
 

@@ -1511,18 +1511,6 @@ void check_scale_casts(bool quick, std::mt19937& rng) {
     shapes.push_back({66000, 8, 8, false});  // the 16-byte transpose, in two launches
   }
   for (const Shape& s : shapes) check_scale_cast(s.batch, s.rows, s.cols, s.misalign, rng);
-  if (!quick) {
-    // ORTHOPT_TRANSPOSE_VEC=0 (read at each call): the one-element kernel on 16-byte shapes.
-    const char* prev = std::getenv("ORTHOPT_TRANSPOSE_VEC");
-    const std::string saved = prev ? prev : "";
-    setenv("ORTHOPT_TRANSPOSE_VEC", "0", 1);
-    check_scale_cast(2, 200, 136, false, rng, " (ORTHOPT_TRANSPOSE_VEC=0)");
-    check_scale_cast(3, 64, 96, false, rng, " (ORTHOPT_TRANSPOSE_VEC=0)");
-    if (prev)
-      setenv("ORTHOPT_TRANSPOSE_VEC", saved.c_str(), 1);
-    else
-      unsetenv("ORTHOPT_TRANSPOSE_VEC");
-  }
   check_scale_cast_graph(rng);
 }
 

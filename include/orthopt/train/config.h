@@ -32,6 +32,7 @@ struct TrainConfig {
   double momentum = 0.95;        // matrix optimizers' μ
   std::string dion_qr = "householder";  // dion's orthonormalization: householder | cholesky
   double fraction = 0.25;        // dion3's row fraction f (the optimizer's `fraction`; lr / sqrt(f))
+  std::string execution = "auto";  // ExecutionOptions of every group, "field=value,..." (docs/execution.md)
   // schedule and steps (every counter is in optimizer steps)
   LrSchedule schedule;           // keys: schedule, warmup_frac, stable_frac, decay_frac, min_lr_ratio, decay_shape
   int64_t steps = 600;

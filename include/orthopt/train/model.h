@@ -138,6 +138,9 @@ class TransformerImpl : public torch::nn::Module {
  private:
   at::Tensor forward_impl(const at::Tensor& idx, at::Tensor* z_loss);
   ModelConfig cfg_;
+  // rope_tables() for the last sequence length and device: built on the host and copied once,
+  // not at every forward.
+  std::pair<at::Tensor, at::Tensor> rope_;
 };
 TORCH_MODULE(Transformer);
 
