@@ -12,7 +12,6 @@
 #include <mutex>
 #include <sstream>
 
-#include "orthopt/train/schedule.h"
 #include "trainer_internal.h"
 
 namespace orthopt::train::trainer_detail {
