@@ -1,17 +1,19 @@
 // orthopt bench step: median time of one optimizer step (fp32 parameters, random gradients) on
-// the parameter sets of performance.md, for our optimizer and, in the same run, torch-native
+// the parameter sets of performance.md (bench/param_sets.h), for our optimizer and, in the same run, torch-native
 // peers written here: the per-parameter loop of torch.optim.Muon (dense bf16 NS, its momentum,
 // lr adjustment and decoupled weight decay) for the matrices plus a plain per-parameter AdamW for
 // the rest, and that AdamW alone on every parameter. (The Python peers, torch.optim.Muon itself
 // and the fused AdamW kernel, are timed by bench/gpu/step_peers.py.)
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -21,6 +23,7 @@
 #endif
 
 #include "bench_step.h"
+#include "param_sets.h"
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 #include "orthopt/runtime.h"
@@ -41,49 +44,81 @@ struct StepArgs {
   std::optional<double> gram_aspect_threshold;  // unset: the optimizers' default
   std::vector<std::string> dion_qr = {"householder"};  // dion: one row per orthonormalization
   bool tf32 = false;  // torch's TF32 switch for fp32 cuBLAS products (Dion's are fp32)
+  bool dry_run = false;
   std::string json;
 };
 
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// performance.md's sets. Names follow the usual modules so route_params sends embeddings,
-// heads and vectors to AdamW and the block matrices to the matrix optimizer.
+const nlohmann::json& param_sets() {
+  static const nlohmann::json sets = nlohmann::json::parse(bench::kParamSetsJson);
+  return sets;
+}
+
+std::vector<std::string> param_set_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, set] : param_sets().items()) names.push_back(name);
+  return names;
+}
+
+// The names and shapes of a set of bench/param_sets.h, in its order.
+Shapes param_shapes(const std::string& set) {
+  if (!param_sets().contains(set))
+    throw std::invalid_argument(
+        fmt::format("argument '--sets': unknown set '{}' ({})", set, fmt::join(param_set_names(), ", ")));
+  const auto& def = param_sets().at(set);
+  const auto prefix = def.at("prefix").get<std::string>();
+  Shapes shapes;
+  auto add = [&](const std::string& name, const nlohmann::json& shape) {
+    shapes.emplace_back(name, shape.get<std::vector<int64_t>>());
+  };
+  for (int64_t i = 0; i < def.at("blocks").get<int64_t>(); ++i)
+    for (const auto& p : def.at("block")) add(fmt::format("{}.{}.{}", prefix, i, p.at(0).get<std::string>()), p.at(1));
+  for (const auto& p : def.at("final")) add(p.at(0).get<std::string>(), p.at(1));
+  return shapes;
+}
+
+// A set's parameters, random (and random gradients), on `device`.
 Named param_set(const std::string& set, c10::Device device) {
   Named named;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+  for (const auto& [name, shape] : param_shapes(set)) {
     auto p = (at::randn(shape, at::TensorOptions().device(device)) * 0.02).requires_grad_(true);
     named.emplace_back(name, p);
-  };
-  if (set == "gpt2") {  // GPT-2 124M: 48 matrices, 50 vectors, the 50304×768 embedding
-    for (int i = 0; i < 12; ++i) {
-      const std::string h = fmt::format("h.{}.", i);
-      add(h + "attn.c_attn.weight", {2304, 768});
-      add(h + "attn.c_proj.weight", {768, 768});
-      add(h + "mlp.c_fc.weight", {3072, 768});
-      add(h + "mlp.c_proj.weight", {768, 3072});
-      for (const char* v : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias"}) add(h + v, {768});
-    }
-    add("ln_f.weight", {768});
-    add("ln_f.bias", {768});
-    add("wte.weight", {50304, 768});
-  } else if (set == "llama") {  // Llama-style 1.26B: 154 matrices, 45 vectors, embedding + head
-    for (int i = 0; i < 22; ++i) {
-      const std::string l = fmt::format("layers.{}.", i);
-      for (const char* w : {"attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight"}) add(l + w, {2048, 2048});
-      add(l + "mlp.gate.weight", {5632, 2048});
-      add(l + "mlp.up.weight", {5632, 2048});
-      add(l + "mlp.down.weight", {2048, 5632});
-      add(l + "attn_norm.weight", {2048});
-      add(l + "mlp_norm.weight", {2048});
-    }
-    add("norm.weight", {2048});
-    add("embed.weight", {32000, 2048});
-    add("lm_head.weight", {32000, 2048});
-  } else {
-    throw std::invalid_argument("argument '--sets': unknown set '" + set + "' (gpt2, llama)");
   }
   for (auto& [name, p] : named) p.mutable_grad() = at::randn_like(p) * 1e-3;
   return named;
+}
+
+// --dry-run: each set's parameters with the optimizer route_params gives them, on the meta
+// device (nothing allocated, nothing timed).
+int list_sets(const StepArgs& a) {
+  nlohmann::json sets = nlohmann::json::object();
+  for (const auto& set : a.sets) {
+    Named named;
+    for (const auto& [name, shape] : param_shapes(set))
+      named.emplace_back(name, at::empty(shape, at::TensorOptions().device(at::kMeta)).requires_grad_(true));
+    std::map<std::string, std::string> optimizer;
+    for (const auto& group : route_params(named, RoutingOptions{}))
+      for (const auto& name : group.names)
+        optimizer[name] = is_matrix_algorithm(group.options.algorithm) ? "matrix" : to_string(group.options.algorithm);
+    nlohmann::json params = nlohmann::json::array();
+    int64_t matrices = 0, elements = 0;
+    for (const auto& [name, p] : named) {
+      params.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"optimizer", optimizer.at(name)}});
+      matrices += optimizer.at(name) == "matrix";
+      elements += p.numel();
+    }
+    std::cout << fmt::format("{}: {} parameters ({} to the matrix optimizer), {} elements\n", set, named.size(),
+                             matrices, elements);
+    sets[set] = params;
+  }
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
+    f << nlohmann::json({{"benchmark", "step"}, {"sets", sets}}).dump(2) << "\n";
+  }
+  return 0;
 }
 
 // The peer step: torch.optim.Muon's per-parameter formulation on matrices (momentum 0.95 with
@@ -141,6 +176,7 @@ struct PeerStep {
 };
 
 int run_step(const StepArgs& a) {
+  if (a.dry_run) return list_sets(a);
   const c10::Device device(a.device);
   if (device.is_cuda() && !at::hasCUDA())
     throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
@@ -248,8 +284,9 @@ void register_bench_step(CLI::App& bench, Action& action) {
   auto args = std::make_shared<StepArgs>();
   auto* step = bench.add_subcommand("step", "Whole optimizer step timings (ours and torch-native peers)");
   step->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  step->add_option("--sets", args->sets, "parameter sets: gpt2, llama")->delimiter(',')
-      ->check(CLI::IsMember({"gpt2", "llama"}));
+  step->add_option("--sets", args->sets,
+                   fmt::format("parameter sets (bench/param_sets.h): {}", fmt::join(param_set_names(), ", ")))
+      ->delimiter(',')->check(CLI::IsMember(param_set_names()));
   step->add_option("--algorithms", args->algorithms, "matrix optimizers: muon, normuon, dion3, dion")
       ->delimiter(',')->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
   step->add_option("--warmup", args->warmup, "warm-up steps")->check(CLI::Range(0, 1000));
@@ -263,6 +300,8 @@ void register_bench_step(CLI::App& bench, Action& action) {
   step->add_option("--gram-aspect-threshold", args->gram_aspect_threshold,
                    "ortho method auto: Gram NS when cols >= this * rows (default: the optimizers' 1.5)")
       ->check(CLI::Range(1.0, 1e9));
+  step->add_flag("--dry-run", args->dry_run,
+                 "time nothing: list each set's parameters and the optimizer route_params gives them (meta device)");
   step->add_option("--json", args->json, "also write the results as JSON to this file");
   step->callback([args, &action] { action = [args] { return run_step(*args); }; });
 }

@@ -10,7 +10,7 @@ The dion package is not part of orthopt and is not vendored: pass a checkout of 
 NS: the five NS target shapes (docs/performance.md), fp32 input, 5 steps of dion's fixed quintic triples (our
 schedule `you` has the same triples, so both sides do the same math); each contender's relative
 error against the same iteration in float64 (written out below) is printed beside its time.
-Step: performance.md's GPT-2 124M and Llama 1.26B sets (bench/gpu/step_peers.py), matrices to the
+Step: performance.md's GPT-2 124M and Llama 1.26B sets (bench/param_sets.h), matrices to the
 named algorithm and the rest to AdamW inside the same optimizer, fp32 parameters, random gradients.
 """
 import argparse
@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_peers import param_set, round_robin_ms  # noqa: E402  (one definition of the sets and the timing)
+from step_peers import param_set, param_sets, round_robin_ms  # noqa: E402  (one definition of the sets and the timing)
 
 NS_SHAPES = [(1, 4096, 4096), (1, 8192, 8192), (1, 4096, 14336), (16, 1536, 2048), (32, 7168, 2048)]
 # The NS targets and the H100 best-peer (dion Triton) times they were set against, ms.
@@ -195,7 +195,7 @@ def main():
     p.add_argument("--step", action="store_true", help="time optimizer steps (default: both parts)")
     p.add_argument("--products", action="store_true",
                    help="time dion's symmetric Triton products alone against dense cuBLAS (not in the default)")
-    p.add_argument("--sets", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    p.add_argument("--sets", nargs="+", default=list(param_sets()), choices=list(param_sets()))
     p.add_argument("--algorithms", nargs="+", default=["muon", "normuon", "dion3", "dion"],
                    choices=["muon", "normuon", "dion3", "dion"])
     p.add_argument("--recompile-limit", type=int, default=None,

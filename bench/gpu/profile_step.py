@@ -1,5 +1,5 @@
 """Where the optimizer step's GPU time goes: torch-profiler breakdown of orthopt's eager step
-on performance.md's parameter sets (the same sets as bench/gpu/step_peers.py), by kernel.
+on performance.md's parameter sets (bench/param_sets.h), by kernel.
 Run on a GPU machine: PYTHONPATH=build-gpu/python python3 bench/gpu/profile_step.py [gpt2|llama ...]
 [--algos=muon,dion3] [--dion-qr=householder|cholesky] [--top=N] [--host] [--graph] [--tf32]
 Prints, per set and algorithm: the CUDA-event step time, the sum of kernel times per step, the
@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 import orthopt
-from step_peers import median_ms, param_set, round_robin_ms
+from step_peers import median_ms, param_set, param_sets, round_robin_ms
 
 STEPS = 3
 
@@ -206,7 +206,7 @@ def groups_for(algo, mats, others, dion_qr="householder"):
 
 def main():
     torch.manual_seed(0)
-    sets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gpt2", "llama"]
+    sets = [a for a in sys.argv[1:] if not a.startswith("--")] or list(param_sets())
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     algos = flags.get("algos", "muon,normuon,dion3").split(",")
     top = int(flags.get("top", "14"))

@@ -1,27 +1,44 @@
 """Python peers of `orthopt bench step`: torch.optim.Muon + fused AdamW, and fused AdamW alone,
 on performance.md's parameter sets (fp32 parameters, random gradients), CUDA-event median.
-Run on a GPU machine: python3 bench/gpu/step_peers.py [gpt2|llama ...]"""
+Run on a GPU machine: python3 bench/gpu/step_peers.py [gpt2|llama ...] (sets: bench/param_sets.h)"""
+import json
+import os
 import sys
 
 import torch
 
+# The sets are defined once, in bench/param_sets.h: a JSON document in a C++ raw string literal,
+# which `orthopt bench step` compiles in and param_sets() reads.
+SETS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "param_sets.h")
 
-def param_set(name):
+
+def param_sets():
+    """{set name: definition} from bench/param_sets.h."""
+    with open(SETS_FILE) as f:
+        text = f.read()
+    return json.loads(text.split('kParamSetsJson[] = R"json(', 1)[1].split(')json";', 1)[0])
+
+
+def param_shapes(name):
+    """[(parameter name, shape, matrix)] of a set, in creation order. matrix: a block's matrix, the
+    matrix optimizer's (route_params gives the rest, vectors, embedding and head, to AdamW)."""
+    sets = param_sets()
+    if name not in sets:
+        raise ValueError(f"unknown parameter set {name!r} (known: {', '.join(sets)})")
+    s = sets[name]
     shapes = []
-    if name == "gpt2":
-        for _ in range(12):
-            shapes += [(2304, 768), (768, 768), (3072, 768), (768, 3072)] + [(768,)] * 4
-        shapes += [(768,), (768,), ("emb", 50304, 768)]
-    else:
-        for _ in range(22):
-            shapes += [(2048, 2048)] * 4 + [(5632, 2048)] * 2 + [(2048, 5632)] + [(2048,)] * 2
-        shapes += [(2048,), ("emb", 32000, 2048), ("emb", 32000, 2048)]
+    for i in range(s["blocks"]):
+        shapes += [(f"{s['prefix']}.{i}.{n}", tuple(shape), len(shape) == 2) for n, shape in s["block"]]
+    return shapes + [(n, tuple(shape), False) for n, shape in s["final"]]
+
+
+def param_set(name, device="cuda"):
+    """The set's parameters with random values and gradients: (matrices, the rest)."""
     mats, others = [], []
-    for s in shapes:
-        emb = s[0] == "emb"
-        p = torch.nn.Parameter(torch.randn(s[1:] if emb else s, device="cuda") * 0.02)
+    for _, shape, matrix in param_shapes(name):
+        p = torch.nn.Parameter(torch.randn(shape, device=device) * 0.02)
         p.grad = torch.randn_like(p) * 1e-3
-        (others if emb or len(s) == 1 else mats).append(p)
+        (mats if matrix else others).append(p)
     return mats, others
 
 
@@ -50,7 +67,7 @@ def median_ms(fn, warmup=3, repeats=10):
 
 def main():
     torch.manual_seed(0)
-    for name in sys.argv[1:] or ["gpt2", "llama"]:
+    for name in sys.argv[1:] or list(param_sets()):
         mats, others = param_set(name)
         muon = torch.optim.Muon(mats, lr=0.02, weight_decay=0.01)
         adamw = torch.optim.AdamW(others, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01, fused=True)
