@@ -26,7 +26,7 @@
 #include "orthopt/cuda_graph.h"
 #include "orthopt/optim.h"
 #include "orthopt/runtime.h"
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/data.h"
 #include "orthopt/train/guards.h"

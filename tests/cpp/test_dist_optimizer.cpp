@@ -24,7 +24,7 @@
 #include <sstream>
 #include <thread>
 
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/runtime.h"
 #include "orthopt/optim.h"
 
@@ -351,6 +351,18 @@ void run_worker(const std::string& scenario, const std::string& out) {
     int64_t owned = 0;
     for (const auto& p : opt.owned_pieces()) owned += (p.end - p.begin) * (p.is_bank ? p.rows * p.cols : 1);
     EXPECT_EQ(plan.owned_elements[rank], owned);
+    // build_layout, which orthopt._C.dist_layout hands to the Python engine, is the layout the
+    // optimizer runs: same segments, same ranges owned by this rank.
+    const auto layout = dist::build_layout(make_groups(7), world);
+    EXPECT_EQ(layout.chunk, opt.flat_elements_per_rank());
+    ASSERT_EQ(layout.segments.size(), opt.owned_pieces().size());
+    for (size_t k = 0; k < layout.segments.size(); ++k) {
+      const auto& s = layout.segments[k];
+      const auto& p = opt.owned_pieces()[k];
+      EXPECT_TRUE(s.group == p.group && s.is_bank == p.is_bank && s.rows == p.rows && s.cols == p.cols) << k;
+      EXPECT_EQ(s.owned_begin(rank), p.begin) << k;
+      EXPECT_EQ(s.owned_end(rank), p.end) << k;
+    }
   } else if (scenario == "clip") {
     // The split step with global-norm clipping to 0.5 (the averaged gradient's norm is about
     // 7, so every step is clipped; the parent asserts it).
