@@ -50,7 +50,10 @@ SPEC = [
 ]
 DION_PARAMS = [k for k, algo in enumerate(a for a, _, shapes in SPEC for _ in shapes) if algo == "dion"]
 
-# The model of the v1 shard fixture in tests/python/data (fp32; its parameters are stored there).
+# The model of the v1 shard fixture in tests/python/data, written by the engine of that format:
+# fp32 params (randn(seed 5) * 0.5, stored as "after2"), 2 ranks, local gradients local_grad(p, k,
+# t, rank) except param 4 at step 0 (none) and param 6 at step 1 (rank 0 only); each rank saved
+# state_dict() after 2 steps; "after3": the params after a third step with every gradient present.
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 V1_SPEC = [
     ("muon", {"lr": 0.02, **NS}, 5),
