@@ -13,7 +13,7 @@
 #include <torch/cuda.h>
 
 #include "commands.h"
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/optim.h"
 #include "orthopt/train/data.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/train/compare.h"
 #include "orthopt/train/config.h"
 #include "orthopt/train/guards.h"

@@ -2,7 +2,7 @@
 // Muon-family and scalar optimizers (algorithms.md §2–7, §9): one optimizer object holds
 // groups of different algorithms, like the dion package.
 //
-// CONTRACT used by the trainer (src/train) and the distributed layer (src/dist); the
+// CONTRACT used by the trainer (src/train) and the distributed layer (src/distributed); the
 // implementation lives in src/optim. Change this surface only together with its users.
 
 #include <ATen/ATen.h>

@@ -1,20 +1,18 @@
 """Data-parallel orthopt optimizers on a torch.distributed process group (docs/distributed.md).
 
 ``orthopt.Muon(params, process_group=pg)`` (any of the classes) runs a ``DistributedEngine``:
-the layout of the C++ ``orthopt::dist::DistributedOptimizer`` (src/dist/distributed_optimizer.cpp)
-driven by torch.distributed collectives on the caller's group, so any backend works and no
-c10d type crosses between torch's module and ours; the math is the C++ step (orthopt._C) on
-the pieces this rank owns.
+the layout of the C++ ``orthopt::dist::DistributedOptimizer`` (``build_layout`` in
+src/distributed/distributed_optimizer.cpp, read through ``orthopt._C.dist_layout``) driven by
+torch.distributed collectives on the caller's group, so any backend works and no c10d type
+crosses between torch's module and ours; the math is the C++ step (orthopt._C) on the pieces
+this rank owns.
 
-Layout (the same on every rank; a port of build_layout):
-  matrix group: one bank per matrix shape (m, k), in order of first appearance; a 2-D param is
-    one matrix, a [..., m, k] param prod(leading) matrices, with `flatten` a >=3-D param one
-    matrix. A bank of B matrices is padded to N*ceil(B/N); block j of P = ceil(B/N) matrices
-    goes to rank (j + shift) % N, the shift chosen greedily so the most loaded rank stays lightest.
-  scalar group (adamw, lion): its params flattened into one vector, padded, cut into N blocks.
-Rank r's chunk is its block of every segment. A step: pack the gradients into [N*chunk],
-reduce-scatter (sum; other backends than NCCL: all-reduce + slice), divide by N, C++ step on the
-owned pieces, all-gather the parameter chunks, copy them into the params.
+Layout (the same on every rank; docs/distributed.md): one bank per matrix shape of a matrix group,
+padded to N*ceil(B/N) matrices and cut into N blocks with a per-bank rotation; a scalar group
+(adamw, lion) one flat vector, padded and cut alike. Rank r's chunk is its block of every segment.
+Python holds only the collectives and the copies the layout prescribes. A step: pack the gradients
+into [N*chunk], reduce-scatter (sum; other backends than NCCL: all-reduce + slice), divide by N,
+C++ step on the owned pieces, all-gather the parameter chunks, copy them into the params.
 
 Owned pieces are the local C++ optimizer's parameters: one [m, k] view per owned matrix (the
 param's own shape when it is one matrix), one 1-D view per (scalar param, owned range). So a
@@ -31,90 +29,53 @@ from . import _C
 from . import dtensor as _dt
 from .optim import _check_same_groups, _cpp_options
 
-__all__ = ["DistributedEngine", "build_layout"]
+__all__ = ["DistributedEngine", "flat_layout", "owned_pieces"]
 
 _MATRIX = frozenset({"muon", "normuon", "dion3", "dion2", "dion"})
-SHARD_FORMAT = "orthopt.dist.python.shard.v1"
+SHARD_FORMAT = _C.DIST_SHARD_FORMAT  # the C++ DistributedOptimizer's (include/orthopt/distributed.h)
+PYTHON_SHARD_FORMAT_V1 = "orthopt.dist.python.shard.v1"  # read only: state_dict() of earlier versions
+# The states C++ keeps in matrix shape ([..., rows, 1], [..., cols, r]: state_specs in
+# src/optim/optimizer.cpp); every other state tensor has the parameter's shape.
+_MATRIX_SHAPED_STATE = frozenset({"variance", "Q"})
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
+def flat_layout(spec, world):
+    """The C++ layout (``orthopt._C.dist_layout``, i.e. ``orthopt::dist::build_layout``) of the params
+    that go through the flat buffers. ``spec``: per group (algorithm, flatten, [(param index, shape), ...]).
+    Returns (segments, members, runs, chunk): segments as dicts (group, bank, rows, cols, units,
+    unit_numel, per_rank, chunk_offset, shift, owned = [(begin, end) per rank]); members
+    (segment, group, param index, first unit, units); runs per (group, param index): (param offset,
+    owner, offset in the owner's chunk, count) in elements."""
+    index = [[i for i, _ in params] for _, _, params in spec]
+    layout = _C.dist_layout([(algo, flatten, [shape for _, shape in params]) for algo, flatten, params in spec], world)
+    chunk = layout["chunk"]
+    members = [(s, g, index[g][j], first, count) for s, g, j, first, count in layout["members"]]
+    runs = {}
+    for g, j, param_offset, flat_offset, count, owner in layout["runs"]:
+        runs.setdefault((g, index[g][j]), []).append((param_offset, owner, flat_offset - owner * chunk, count))
+    return layout["segments"], members, runs, chunk
 
 
-class _Segment:
-    """One bank of same-shape matrices or one scalar group's flat vector."""
-
-    def __init__(self, group, is_bank, rows=0, cols=0):
-        self.group, self.is_bank, self.rows, self.cols = group, is_bank, rows, cols
-        self.units = 0          # matrices (bank) or elements (scalar), before padding
-        self.per_rank = 0       # block size P
-        self.chunk_offset = 0   # offset inside every rank's chunk
-        self.world, self.shift = 1, 0
-
-    @property
-    def unit_numel(self):
-        return self.rows * self.cols if self.is_bank else 1
-
-    def owned(self, r):
-        block = (r - self.shift) % self.world
-        return min(self.units, block * self.per_rank), min(self.units, (block + 1) * self.per_rank)
-
-    def runs(self, first, n):
-        """(unit offset in the member, owner, unit offset in the owner's block, units) of [first, first+n)."""
-        out, u = [], first
-        while u < first + n:
-            block = u // self.per_rank
-            end = min(first + n, (block + 1) * self.per_rank)
-            out.append((u - first, (block + self.shift) % self.world, u - block * self.per_rank, end - u))
-            u = end
-        return out
-
-
-def matrix_shape(shape, flatten):
-    """(rows, cols, count): how a matrix-group param of this shape enters its bank."""
-    if flatten and len(shape) >= 3:
-        return shape[0], math.prod(shape) // shape[0], 1
-    return shape[-2], shape[-1], math.prod(shape) // (shape[-2] * shape[-1])
-
-
-def build_layout(groups, world):
-    """``groups``: per group (algorithm, flatten, [(param index, shape), ...]).
-    Returns (segments, members, chunk); members: (segment, group, param index, first unit, units)."""
-    segments, members = [], []
-    for g, (algorithm, flatten, params) in enumerate(groups):
-        if algorithm in _MATRIX:
-            banks = {}
-            for i, shape in params:
-                rows, cols, count = matrix_shape(shape, flatten)
-                s = banks.get((rows, cols))
-                if s is None:
-                    s = banks[(rows, cols)] = len(segments)
-                    segments.append(_Segment(g, True, rows, cols))
-                members.append((s, g, i, segments[s].units, count))
-                segments[s].units += count
-        elif params:
-            s = len(segments)
-            segments.append(_Segment(g, False))
-            for i, shape in params:
-                members.append((s, g, i, segments[s].units, math.prod(shape)))
-                segments[s].units += math.prod(shape)
-    load, chunk = [0] * world, 0
-    for seg in segments:
-        seg.world, seg.per_rank = world, _ceil_div(seg.units, world)
-        best = None
-        for shift in range(world):  # same rule as the C++ layout: min max load, then even spread
-            seg.shift = shift
-            loads = [load[r] + (seg.owned(r)[1] - seg.owned(r)[0]) * seg.unit_numel for r in range(world)]
-            key = (max(loads), sum(float(x) * float(x) for x in loads))
-            if best is None or key < best[0]:
-                best = (key, shift)
-        seg.shift = best[1]
-        for r in range(world):
-            b, e = seg.owned(r)
-            load[r] += (e - b) * seg.unit_numel
-        seg.chunk_offset = chunk
-        chunk += seg.per_rank * seg.unit_numel
-    return segments, members, chunk
+def owned_pieces(segments, members, rank):
+    """The pieces of the flat params that ``rank`` owns, in chunk order per segment:
+    (group, param index, kind, offset, offset in the chunk, numel, (segment, begin, end)). kind
+    'flat': elements [offset, offset + numel) of a scalar param; 'matrix': matrix ``offset`` of a
+    stack (numel of one matrix); 'whole': a param that is one matrix. (segment, begin, end): the
+    units of the segment the piece holds, as a piece of the C++ shard format names them."""
+    out = []
+    for s, g, i, first, count in members:
+        seg = segments[s]
+        b, e = seg["owned"][rank]
+        lo, hi = max(b, first), min(e, first + count)
+        if not seg["bank"]:
+            if lo < hi:
+                out.append((g, i, "flat", lo - first, seg["chunk_offset"] + (lo - b), hi - lo, (s, lo, hi)))
+            continue
+        un = seg["unit_numel"]
+        for u in range(lo, hi):
+            out.append((g, i, "whole" if count == 1 else "matrix", u - first, seg["chunk_offset"] + (u - b) * un, un,
+                        (s, u, u + 1)))
+    return out
 
 
 class _Item:
@@ -129,6 +90,7 @@ class _Item:
         self.group, self.param, self.kind, self.offset = group, param, kind, offset
         self.tensor, self.name, self.grad_view, self.flag = tensor, name, grad_view, flag
         self.local_group = self.local_index = -1
+        self.piece = None  # (segment, begin, end) of the C++ layout; None outside it (DTensor, replica)
 
     @property
     def key(self):
@@ -170,6 +132,7 @@ class DistributedEngine:
         self.world = dist.get_world_size(self.group) if in_group else dist.get_world_size()
         self.algorithms = [g["algorithm"] for g in groups]
         self.flat, self.replica, self.dlocal, self.dgather = [], [], [], []
+        self.segments = []
         self.native = False
         error = None
         try:
@@ -277,7 +240,8 @@ class DistributedEngine:
         spec = [(grp["algorithm"], bool(grp.get("flatten")), []) for grp in groups]
         for g, i in self.flat:
             spec[g][2].append((i, tuple(groups[g]["params"][i].shape)))
-        segments, members, C = build_layout(spec, N)
+        segments, members, self.runs, C = flat_layout(spec, N)
+        self.segments = segments
         self.C = C
         self.flag_of = {gi: k for k, gi in enumerate(self.flat)}
         self.G = C + len(self.flat) + 1  # gradient chunk: data, one presence flag per param, an error flag
@@ -285,13 +249,6 @@ class DistributedEngine:
         opts = dict(dtype=p0.dtype, device=p0.device)
         self.grad_flat = torch.zeros(N * self.G, **opts)
         self.param_flat = torch.zeros(N * C, **opts)
-        # Runs in elements: (param offset, owner, offset in the owner's chunk, count), per flat param.
-        self.runs = {gi: [] for gi in self.flat}
-        for s, g, i, first, count in members:
-            seg = segments[s]
-            un = seg.unit_numel
-            for off, owner, local, n in seg.runs(first, count):
-                self.runs[(g, i)].append((off * un, owner, seg.chunk_offset + local * un, n * un))
         self._plan_copies()
         with torch.no_grad():  # start identical: rank 0's parameters everywhere (like DDP)
             self._pack_params(all_ranks=True)
@@ -300,27 +257,17 @@ class DistributedEngine:
             self._unpack_params()
         own_p = self.param_flat[r * C:(r + 1) * C]
         own_g = self.grad_flat[r * self.G:r * self.G + C]
-        for s, g, i, first, count in members:
-            seg = segments[s]
-            b, e = seg.owned(r)
-            lo, hi = max(b, first), min(e, first + count)
-            p = groups[g]["params"][i]
-            un = seg.unit_numel
-            label, flag = self._label(g, i), self.flag_of[(g, i)]
-            if not seg.is_bank:
-                if lo < hi:
-                    o = seg.chunk_offset + (lo - b)
-                    self.items.append(_Item(g, i, "flat", lo - first, own_p[o:o + hi - lo],
-                                            f"{label}[{lo - first}:{hi - first}]", own_g[o:o + hi - lo], flag))
-                continue
-            for u in range(lo, hi):
-                o = seg.chunk_offset + (u - b) * un
-                if count == 1:
-                    shape, kind, name = tuple(p.shape), "whole", label
-                else:
-                    shape, kind, name = (seg.rows, seg.cols), "matrix", f"{label}[matrix {u - first}]"
-                self.items.append(_Item(g, i, kind, u - first, own_p[o:o + un].view(shape), name,
-                                        own_g[o:o + un].view(shape), flag))
+        for g, i, kind, offset, o, n, piece in owned_pieces(segments, members, r):
+            p, label = groups[g]["params"][i], self._label(g, i)
+            if kind == "flat":
+                shape, name = (n,), f"{label}[{offset}:{offset + n}]"
+            elif kind == "whole":
+                shape, name = tuple(p.shape), label
+            else:
+                shape, name = tuple(p.shape[-2:]), f"{label}[matrix {offset}]"
+            self.items.append(_Item(g, i, kind, offset, own_p[o:o + n].view(shape), name, own_g[o:o + n].view(shape),
+                                    self.flag_of[(g, i)]))
+            self.items[-1].piece = piece
 
     def _build_dtensor(self, groups):
         for g, i in self.dlocal:
@@ -521,7 +468,7 @@ class DistributedEngine:
         if self.native:
             scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
             scatter(own, self.grad_flat, group=self.pg)
-        else:  # all-reduce + slice, like the Gloo path of src/dist/c10d_compat.cpp
+        else:  # all-reduce + slice, like the Gloo path of src/distributed/c10d_compat.cpp
             dist.all_reduce(self.grad_flat, group=self.pg)
         counts = own[C:].tolist()  # ranks that had each gradient; the last: ranks that failed (one host sync)
         if counts[-1] > 0:
@@ -613,16 +560,74 @@ class DistributedEngine:
         return self.local.param_state(it.local_group, it.local_index)
 
     def state_dict(self):
-        """This rank's shard: the state of its pieces, the hyperparameters and the layout."""
-        state = {}
-        for n, it in enumerate(self.items):
+        """This rank's shard in the C++ shard format (docs/distributed.md, "Checkpoints"):
+        'orthopt_dist' is what the C++ optimizer writes into optim_shard_<rank>.json (format, world
+        size, rank, segments, and per piece its segment, unit range and state names); 'state' maps
+        piece j to its tensors (piece<j>_<name> of the .pt), 'orthopt_dist_scalars' holds the .pt's
+        steps, lr_scale and skip_factor; 'param_groups' the hyperparameters (torch's format).
+        A piece here is one owned matrix or one (scalar param, range): the local optimizer's
+        parameters. DTensor and replicated params, outside the C++ layout, follow as 'params'."""
+        state, pieces, extra = {}, [], []
+        items = [it for it in self.items if it.piece is not None] + [it for it in self.items if it.piece is None]
+        for j, it in enumerate(items):
             st = self._item_state(it)
             if st:
-                state[n] = st
-        return {"state": state, "param_groups": self._packed_groups(),
-                "orthopt_dist": {"format": SHARD_FORMAT, "rank": self.rank, "world_size": self.world,
-                                 "items": [it.key for it in self.items], "config": self.description,
-                                 "step_count": self.step_count}}
+                state[j] = self._to_piece(it, st) if it.piece is not None else dict(st)
+            if it.piece is not None:
+                seg, begin, end = it.piece
+                pieces.append({"segment": seg, "begin": begin, "end": end, "state": list(st)})
+            else:
+                extra.append({"group": it.group, "param": it.param, "kind": it.kind, "state": list(st)})
+        meta = {"format": SHARD_FORMAT, "world_size": self.world, "rank": self.rank,
+                "segments": self._segments_meta(), "pieces": pieces}
+        if extra:
+            meta["params"] = extra
+        skip = torch.ones((), dtype=torch.float32) if self.skip is None else self.skip.detach().float().cpu()
+        scalars = {"steps": self.steps.detach().cpu().clone(), "lr_scale": torch.tensor(self.lr_scale, dtype=torch.float64),
+                   "skip_factor": skip.reshape(())}
+        return {"state": state, "param_groups": self._packed_groups(), "orthopt_dist": meta,
+                "orthopt_dist_scalars": scalars}
+
+    def _segments_meta(self):
+        return [{"group": seg["group"], "bank": seg["bank"], "rows": seg["rows"], "cols": seg["cols"],
+                 "units": seg["units"]} for seg in self.segments]
+
+    def _to_piece(self, it, st):
+        """An item's state as the C++ shard holds a piece's: a bank piece's tensors have the matrices
+        on dim 0 and the matrix dims last, a scalar piece's the elements."""
+        out = {}
+        for k, v in st.items():
+            if v.dim() == 0 or it.kind == "flat":
+                out[k] = v
+            elif it.kind == "matrix":
+                out[k] = v.unsqueeze(0)
+            else:
+                p, seg = self._params(it.group, it.param), self.segments[it.piece[0]]
+                out[k] = v.reshape(1, seg["rows"], seg["cols"]) if v.shape == p.shape else v.reshape(1, *v.shape[-2:])
+        return out
+
+    def _from_piece(self, it, st):
+        """Inverse of _to_piece: the local optimizer's state of ``it`` from a piece's tensors."""
+        out = {}
+        p = self._params(it.group, it.param)
+        flat_matrix = bool(self.opt.param_groups[it.group].get("flatten")) and p.dim() >= 3
+        for k, v in st.items():
+            if v.dim() == 0 or it.kind == "flat":
+                out[k] = v
+                continue
+            if v.shape[0] != 1:
+                raise ValueError(f"{it.name}: state '{k}' of shape {tuple(v.shape)} in the shard is not one matrix's")
+            if it.kind == "matrix":
+                shape = v.shape[1:]
+            elif k in _MATRIX_SHAPED_STATE:
+                shape = (() if flat_matrix else tuple(p.shape[:-2])) + tuple(v.shape[1:])
+            else:
+                shape = tuple(p.shape)
+            if math.prod(shape) != v.numel():
+                raise ValueError(f"{it.name}: state '{k}' of shape {tuple(v.shape)} in the shard does not fit the "
+                                 f"parameter's shape {tuple(p.shape)}")
+            out[k] = v.reshape(shape)
+        return out
 
     def full_state_dict(self):
         """Collective: the single-process state dict (CPU tensors) on every rank."""
@@ -689,6 +694,22 @@ class DistributedEngine:
                                  f"does not fit the parameter's shape {tuple(p.shape)}")
         return out
 
+    def _shard_states(self, meta, saved_state):
+        """Per item (self.items order), its state from a shard of SHARD_FORMAT (same rank and world size)."""
+        flat = [it for it in self.items if it.piece is not None]
+        other = [it for it in self.items if it.piece is None]
+        pieces = [(p["segment"], p["begin"], p["end"]) for p in meta["pieces"]]
+        params = [(p["group"], p["param"], p["kind"]) for p in meta.get("params", [])]
+        if meta["segments"] != self._segments_meta() or pieces != [it.piece for it in flat] or \
+                params != [(it.group, it.param, it.kind) for it in other]:
+            raise ValueError("the shard's layout differs from this optimizer's (other parameters, groups or options)"
+                             f"; shard segments: {meta['segments']}, this optimizer's: {self._segments_meta()}")
+        by_item = {}
+        for j, it in enumerate(flat + other):
+            st = dict(saved_state.get(j, {}))
+            by_item[id(it)] = self._from_piece(it, st) if it.piece is not None else st
+        return [by_item[id(it)] for it in self.items]
+
     def load_state_dict(self, state_dict):
         """Loads this rank's shard from state_dict() (same rank and world size), or a full state dict
         (full_state_dict(), or a single-process optimizer's state_dict(): any world size)."""
@@ -697,17 +718,23 @@ class DistributedEngine:
         _check_same_groups(saved_groups, groups)
         meta = state_dict.get("orthopt_dist")
         saved_state = state_dict["state"]
+        steps = None
         if meta is not None:
-            if meta.get("format") != SHARD_FORMAT:
+            if meta.get("format") not in (SHARD_FORMAT, PYTHON_SHARD_FORMAT_V1):
                 raise ValueError(f"unknown shard format {meta.get('format')!r} (expected {SHARD_FORMAT!r})")
             if (meta["rank"], meta["world_size"]) != (self.rank, self.world):
                 raise ValueError(f"this is the shard of rank {meta['rank']} of {meta['world_size']}; this optimizer "
                                  f"is rank {self.rank} of {self.world}: load each shard on its own rank at the same "
                                  "world size, or re-shard through full_state_dict()")
-            if [tuple(k) for k in meta["items"]] != [it.key for it in self.items]:
-                raise ValueError("the shard's layout differs from this optimizer's (other parameters, groups or "
-                                 "options)")
-            states = [dict(saved_state.get(n, {})) for n in range(len(self.items))]
+            if meta["format"] == PYTHON_SHARD_FORMAT_V1:
+                if [tuple(k) for k in meta["items"]] != [it.key for it in self.items]:
+                    raise ValueError("the shard's layout differs from this optimizer's (other parameters, groups or "
+                                     "options)")
+                states = [dict(saved_state.get(n, {})) for n in range(len(self.items))]
+                steps = int(meta["step_count"])
+            else:
+                states = self._shard_states(meta, saved_state)
+                steps = int(state_dict["orthopt_dist_scalars"]["steps"])
         else:
             if self.dlocal or self.dgather or self.replica:
                 raise ValueError("a full state dict cannot be loaded with DTensor parameters; load each rank's "
@@ -729,5 +756,5 @@ class DistributedEngine:
                 group.update(o)
             self.sync(force=True)
             raise
-        if meta is not None:
-            self.steps.fill_(int(meta["step_count"]))
+        if steps is not None:
+            self.steps.fill_(steps)

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "orthopt/cuda_graph.h"
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/optim.h"
 #include "orthopt/train/checkpoint.h"
 #include "orthopt/train/data.h"

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

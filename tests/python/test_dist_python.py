@@ -18,6 +18,7 @@ the matrices differently (bound 1e-6 relative; measured 0 on this CPU).
 import datetime
 import gc
 import importlib.util
+import math
 import os
 import signal
 import subprocess
@@ -48,6 +49,25 @@ SPEC = [
     ("dion", {"lr": 0.02, "flatten": True, "rank_fraction": 0.5}, [(8, 4, 6), (8, 24)]),
 ]
 DION_PARAMS = [k for k, algo in enumerate(a for a, _, shapes in SPEC for _ in shapes) if algo == "dion"]
+
+# The model of the v1 shard fixture in tests/python/data, written by the engine of that format:
+# fp32 params (randn(seed 5) * 0.5, stored as "after2"), 2 ranks, local gradients local_grad(p, k,
+# t, rank) except param 4 at step 0 (none) and param 6 at step 1 (rank 0 only); each rank saved
+# state_dict() after 2 steps; "after3": the params after a third step with every gradient present.
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+V1_SPEC = [
+    ("muon", {"lr": 0.02, **NS}, 5),
+    ("adamw", {"lr": 3e-3, "weight_decay": 0.01}, 2),
+    ("normuon", {"lr": 0.02, **NS}, 2),
+    ("dion", {"lr": 0.02}, 2),
+    ("dion", {"lr": 0.02, "flatten": True, "rank_fraction": 0.5}, 1),
+]
+
+
+def v1_groups(values):
+    values = iter(values)
+    return [dict(opts, algorithm=algo, params=[next(values).clone().requires_grad_() for _ in range(n)])
+            for algo, opts, n in V1_SPEC]
 
 
 def make_groups(dtype, seed=7, device="cpu"):
@@ -214,6 +234,7 @@ def scenario_saveload(pg, rank, world, out):
     sa, sb = a.state_dict()["state"], b.state_dict()["state"]
     res["states_equal"] = sa.keys() == sb.keys() and all(
         sa[n].keys() == sb[n].keys() and all(torch.equal(sa[n][k], sb[n][k]) for k in sa[n]) for n in sa)
+    res["meta"] = a.state_dict()["orthopt_dist"]
     wrong = a.state_dict()
     wrong["orthopt_dist"]["rank"] = (rank + 1) % world
     try:
@@ -371,10 +392,30 @@ def scenario_release(pg, rank, world, out):
             gc.enable()
 
 
+def scenario_v1_shard(pg, rank, world, out):
+    """A shard of the Python format orthopt.dist.python.shard.v1 (tests/python/data, written at 2
+    ranks after 2 steps of the V1_SPEC model) loads and the next step equals the saving run's."""
+    saved = torch.load(os.path.join(DATA, "v1_params.pt"))
+    res = {}
+    for load in (True, False):  # False: mutation check, the state matters
+        groups = v1_groups(saved["after2"])
+        opt = orthopt.Muon(groups, process_group=pg)
+        if load:
+            shard = torch.load(os.path.join(DATA, f"v1_shard_{rank}.pt"))
+            res["format"] = shard["orthopt_dist"]["format"]
+            opt.load_state_dict(shard)
+        for k, p in enumerate(flat_params(groups)):
+            p.grad = local_grad(p, k, 2, rank)
+        opt.step()
+        res["loaded" if load else "unloaded"] = [p.detach().clone() for p in flat_params(groups)]
+        res["step_count" if load else "unloaded_step_count"] = opt.step_count
+    return res
+
+
 SCENARIOS = {"exact": scenario_exact, "dion_q": scenario_dion_q, "saveload": scenario_saveload,
              "mismatch": scenario_mismatch,
              "subgroup": scenario_subgroup, "dtensor": scenario_dtensor, "kill": scenario_kill,
-             "release": scenario_release}
+             "release": scenario_release, "v1_shard": scenario_v1_shard}
 
 
 def worker():
@@ -581,6 +622,15 @@ def check_save_load(res, world, tol, device="cpu"):
         assert x["steps"] == (4, 4, 2)  # d loaded a single-process dict: its own count restarts
         assert any(not torch.equal(a, c) for a, c in zip(x["a"], x["c"]))  # the state matters
         assert "rank" in x["wrong_rank"]
+    # The shards are in the C++ format: its segments, and pieces that tile each segment over the ranks.
+    metas = [x["meta"] for x in res]
+    assert all(m["format"] == orthopt._C.DIST_SHARD_FORMAT == "orthopt.dist.shard.v1" for m in metas)
+    assert all(m["world_size"] == world and m["rank"] == r and m["segments"] == metas[0]["segments"]
+               for r, m in enumerate(metas))
+    for k, seg in enumerate(metas[0]["segments"]):
+        ranges = sorted((p["begin"], p["end"]) for m in metas for p in m["pieces"] if p["segment"] == k)
+        assert ranges[0][0] == 0 and ranges[-1][1] == seg["units"], (k, ranges)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), (k, ranges)
     # Re-sharding: the 1-process state after 2 steps, loaded on N ranks, continues like the
     # 1-process run (the same test at N = 2 and 3 covers any world size to any other).
     _, _, snaps = run_reference(world, torch.float32, 4, snapshots=(4,), device=device)
@@ -645,7 +695,8 @@ def runs(tmp_path_factory):
         # The single-process state after 2 steps of this world size's global batch, for re-sharding.
         _, opt, _ = run_reference(world, torch.float32, 2)
         torch.save(opt.state_dict(), out / "ref_state.pt")
-        scenarios = ["exact", "dion_q", "saveload", "mismatch", "release"] + (["subgroup"] if world == 3 else [])
+        scenarios = ["exact", "dion_q", "saveload", "mismatch", "release"] + \
+            (["subgroup"] if world == 3 else ["v1_shard"])
         t0 = time.time()
         results[world] = launch(world, scenarios, out, {"ORTHOPT_TEST_REF_STATE": str(out / "ref_state.pt")})
         print(f"\n{world} ranks: {time.time() - t0:.1f} s; per scenario (rank 0): " +
@@ -699,6 +750,111 @@ def test_subgroup_of_three_ranks_matches_two_rank_reference(runs, reference):
     for r in (1, 2):
         for k, (got, want) in enumerate(zip(res[r]["final"], reference[2]["snaps"][STEPS])):
             assert rel(got, want) <= 1e-6, (r, k)
+
+
+def test_python_shard_format_v1_loads_and_continues_bit_identically(runs):
+    saved = torch.load(os.path.join(DATA, "v1_params.pt"))
+    for r, x in enumerate(result(runs[2]["v1_shard"])):
+        assert x["format"] == "orthopt.dist.python.shard.v1"
+        for k, (got, want) in enumerate(zip(x["loaded"], saved["after3"])):
+            assert torch.equal(got, want), f"rank {r} param {k}: the step after loading the v1 shard differs"
+        assert x["step_count"] == 3 and x["unloaded_step_count"] == 1
+        assert any(not torch.equal(a, b) for a, b in zip(x["unloaded"], saved["after3"]))
+
+
+# Mixed parameter lists for the layout test: banks that straddle ranks, stacks, flatten, banks
+# smaller than N, scalar groups, an empty group, a matrix group after a scalar one.
+LAYOUT_SPECS = {
+    "test_model": [(algo, bool(opts.get("flatten")), shapes) for algo, opts, shapes in SPEC],
+    "stacks": [("muon", False, [(4, 6), (5, 4, 6), (6, 4), (2, 3, 6, 4), (4, 6)]),
+               ("adamw", False, [(7,), (3, 5), (1,)]),
+               ("dion", True, [(4, 2, 3), (4, 6), (3, 3, 3)])],
+    "tiny": [("lion", False, [(3,)]), ("muon", False, [(2, 2)]), ("adamw", False, []),
+             ("normuon", False, [(9, 2), (2, 9), (9, 2)])],
+    "wide_bank": [("dion3", False, [(8, 8)] * 11 + [(16, 8)]), ("adamw", False, [(100,), (17, 3)]),
+                  ("dion2", True, [(2, 2, 2, 2)] * 3)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_SPECS))
+def test_engine_layout_is_the_cpp_layout(name):
+    """The pieces the Python engine builds on every rank and the copies it makes are those of the
+    C++ layout (orthopt._C.dist_layout = orthopt::dist::build_layout), at N = 1..8, and that layout
+    has the documented properties."""
+    from orthopt import _C
+    from orthopt.dist import flat_layout, owned_pieces
+    groups = LAYOUT_SPECS[name]
+    numel = {(g, i): math.prod(shape) for g, (_, _, shapes) in enumerate(groups) for i, shape in enumerate(shapes)}
+    for world in range(1, 9):
+        cpp = _C.dist_layout(groups, world)
+        # Param indices as the engine passes them: without the params that bypass the flat buffers.
+        spec = [(algo, flatten, [(10 + i, shape) for i, shape in enumerate(shapes)]) for algo, flatten, shapes in groups]
+        segments, members, runs, chunk = flat_layout(spec, world)
+        assert chunk == cpp["chunk"] and segments == cpp["segments"]
+        assert members == [(s, g, 10 + i, first, n) for s, g, i, first, n in cpp["members"]]
+        # Where every element of every param lives in the [N*chunk] buffer, from the C++ runs.
+        where = {}
+        for g, i, po, fo, n, owner in cpp["runs"]:
+            assert fo // chunk == owner and (fo + n - 1) // chunk == owner, "a run straddles ranks"
+            for e in range(n):
+                assert (g, i, po + e) not in where
+                where[(g, i, po + e)] = fo + e
+        assert sorted(where) == sorted((g, i, e) for (g, i), n in numel.items() for e in range(n))
+        for (g, i), rs in runs.items():
+            for po, owner, co, n in rs:
+                assert all(where[(g, i - 10, po + e)] == owner * chunk + co + e for e in range(n))
+        # The engine's pieces: each rank's tile exactly the elements the layout gives that rank.
+        for r in range(world):
+            got = set()
+            for g, i, kind, offset, co, n, (k, begin, end) in owned_pieces(segments, members, r):
+                shape = groups[g][2][i - 10]
+                first = offset * n if kind == "matrix" else offset if kind == "flat" else 0
+                # The piece's units of its segment, as its shard names them: within rank r's range.
+                b, e = cpp["segments"][k]["owned"][r]
+                assert b <= begin < end <= e and (end - begin) * cpp["segments"][k]["unit_numel"] == n
+                assert kind != "whole" or n == numel[(g, i - 10)]
+                for e in range(n):
+                    assert where[(g, i - 10, first + e)] == r * chunk + co + e, (world, r, g, i, kind, offset)
+                    got.add((g, i - 10, first + e))
+                if kind != "flat":
+                    assert n == math.prod(shape[-2:]) or (groups[g][1] and len(shape) >= 3)
+            assert got == {k for k, f in where.items() if f // chunk == r}
+        # The layout itself: one bank per (group, matrix shape) in order of first appearance,
+        # blocks of ceil(units/N) that partition the bank, and per segment the rotation that keeps
+        # the most loaded rank lightest (then the most even), given the segments before it.
+        load, offset = [0] * world, 0
+        for seg in cpp["segments"]:
+            assert seg["per_rank"] == -(-seg["units"] // world) and seg["chunk_offset"] == offset
+            offset += seg["per_rank"] * seg["unit_numel"]
+            owned = sorted(seg["owned"])
+            assert owned[0][0] == 0 and owned[-1][1] == seg["units"]
+            assert all(a[1] == b[0] for a, b in zip(owned, owned[1:]))
+
+            def key(shift):
+                loads = [load[r] + min(seg["units"], ((r - shift) % world + 1) * seg["per_rank"]) * seg["unit_numel"]
+                         - min(seg["units"], ((r - shift) % world) * seg["per_rank"]) * seg["unit_numel"]
+                         for r in range(world)]
+                return max(loads), sum(float(x) ** 2 for x in loads)
+            assert key(seg["shift"]) == min(key(s) for s in range(world))
+            for r, (b, e) in enumerate(seg["owned"]):
+                load[r] += (e - b) * seg["unit_numel"]
+        assert offset == chunk
+        banks = [(seg["group"], seg["rows"], seg["cols"]) for seg in cpp["segments"] if seg["bank"]]
+        assert len(banks) == len(set(banks))
+
+
+def test_dist_layout_rejects_bad_arguments():
+    from orthopt import _C
+    with pytest.raises(ValueError, match="world_size"):
+        _C.dist_layout([("muon", False, [(2, 2)])], 0)
+    with pytest.raises(ValueError, match="algorithm"):
+        _C.dist_layout([("sgd", False, [(2, 2)])], 2)
+    with pytest.raises(ValueError, match="empty"):
+        _C.dist_layout([("muon", False, [(0, 2)])], 2)
+    with pytest.raises(TypeError, match="groups"):
+        _C.dist_layout(["muon"], 2)
+    with pytest.raises(RuntimeError, match="not a matrix"):
+        _C.dist_layout([("muon", False, [(4,)])], 2)
 
 
 def test_killed_rank_ends_the_others_with_an_error(tmp_path, capsys):

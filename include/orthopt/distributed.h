@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -84,7 +85,7 @@ class DistContext {
   const CommStats& comm_stats() const { return stats_; }
   void reset_comm_stats() { stats_.clear(); }
 
-  struct Impl;  // c10d objects (version-specific types stay in src/dist)
+  struct Impl;  // c10d objects (version-specific types stay in src/distributed)
 
  private:
   void count(const char* kind, int64_t payload, int64_t wire);
@@ -98,6 +99,10 @@ class DistContext {
   std::unique_ptr<Impl> impl_;
 };
 
+// Format tag of a DistributedOptimizer shard (optim_shard_<r>.json) and of the Python engine's
+// state_dict(), which holds the same content (docs/distributed.md, "Checkpoints").
+inline constexpr char kShardFormat[] = "orthopt.dist.shard.v1";
+
 // Where one local parameter of the owning rank comes from (also written into checkpoints so a
 // different world size can re-shard the state).
 struct ShardPiece {
@@ -107,6 +112,52 @@ struct ShardPiece {
   int64_t begin = 0, end = 0;  // global range this rank owns: matrices of the bank, or elements
   int64_t local_index = -1;    // index of the param in the local optimizer's group, -1 if empty
 };
+
+// The flat-buffer layout of a DistributedOptimizer: identical on every rank, a function of the
+// groups' algorithms, their `flatten` options, the parameter shapes and the world size N
+// (docs/distributed.md, "Layout"). python/orthopt/dist.py reads it through orthopt._C.dist_layout.
+struct LayoutSegment {  // one bank of same-shape matrices or one scalar group's flat vector
+  size_t group = 0;
+  bool is_bank = true;
+  int64_t rows = 0, cols = 0;  // banks
+  int64_t units = 0;           // matrices (banks) or elements (scalars), before padding
+  int64_t per_rank = 0;        // units per rank after padding (block size P = ceil(units / N))
+  int64_t chunk_offset = 0;    // offset of this segment inside every rank's chunk
+  int world = 1;
+  int shift = 0;               // block j is owned by rank (j + shift) % N: spreads remainders
+  int64_t unit_numel() const { return is_bank ? rows * cols : 1; }
+  int64_t block_of(int r) const { return (r - shift + world) % world; }
+  int owner_of_block(int64_t j) const { return static_cast<int>((j + shift) % world); }
+  int64_t owned_begin(int r) const { return std::min(units, block_of(r) * per_rank); }
+  int64_t owned_end(int r) const { return std::min(units, (block_of(r) + 1) * per_rank); }
+};
+
+// Units [first_unit, first_unit + count) of a segment come from parameter `param` of its group.
+struct LayoutMember {
+  size_t segment = 0, param = 0;
+  int64_t first_unit = 0, count = 0;
+};
+
+// A contiguous run of elements copied between a model parameter and the [N·chunk] flat buffers.
+struct LayoutRun {
+  size_t group = 0, param = 0;
+  int64_t param_offset = 0;  // in the param's flattened elements
+  int64_t flat_offset = 0;   // in the [N·chunk] flat buffer
+  int64_t count = 0;
+  int owner = 0;
+};
+
+struct Layout {
+  int world_size = 1;
+  std::vector<LayoutSegment> segments;
+  std::vector<LayoutMember> members;  // in segment order of units
+  std::vector<LayoutRun> runs;        // per member, in unit order
+  int64_t chunk = 0;                  // flat elements per rank, padding included
+};
+
+// The layout for `groups` on `world_size` ranks (tensors are read for shapes only: meta tensors
+// work). Throws c10::Error naming the parameter when a matrix group holds a param with < 2 dims.
+Layout build_layout(const std::vector<ParamGroup>& groups, int world_size);
 
 class DistributedOptimizer {
  public:
@@ -155,8 +206,6 @@ class DistributedOptimizer {
   // Bytes per step this rank puts on the wire (ring model) for its gradient reduce-scatter and
   // parameter all-gather, computed from the layout (the measured counts are in comm_stats()).
   int64_t flat_elements_per_rank() const { return chunk_; }
-
-  struct Layout;
 
  private:
   void pack_grads();

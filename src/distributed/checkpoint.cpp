@@ -1,8 +1,9 @@
 // Sharded optimizer checkpoints of the DistributedOptimizer, loadable at any world size.
 //
-// Rank r writes optim_shard_<r>.pt (state tensors of its pieces, named piece<k>_<state>) and
-// optim_shard_<r>.json (the layout: every segment, the global range of each piece, the state
-// names). A piece of a bank covers whole matrices [begin, end): every state tensor of the local
+// Rank r writes optim_shard_<r>.pt (state tensors of its pieces, named piece<j>_<state> for the
+// j-th piece of the shard; here piece j is segment j) and optim_shard_<r>.json (the layout: every
+// segment, the global range of each piece, the state names). The Python engine's state_dict() is
+// the same format with one piece per owned matrix or scalar range. A piece of a bank covers whole matrices [begin, end): every state tensor of the local
 // parameter has the matrices on dim 0 (momentum [n,m,k], variance [n,m,1], Q [n,k,r], master),
 // and a piece of a scalar vector covers elements [begin, end) (exp_avg, exp_avg_sq: [n]); 0-d
 // tensors (AdamW's step) are the same for every piece of a group. Loading at another world size
@@ -15,12 +16,13 @@
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/train/io.h"
 
 namespace orthopt::dist {
@@ -29,8 +31,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr const char* kShardFormat = "orthopt.dist.shard.v1";
 
 std::string shard_pt(const std::string& dir, int r) { return (fs::path(dir) / fmt::format("optim_shard_{}.pt", r)).string(); }
 std::string shard_json(const std::string& dir, int r) {
@@ -108,20 +108,28 @@ void DistributedOptimizer::load_shards(const std::string& dir) {
               "': its parameter layout (groups, matrix banks, sizes) differs from this optimizer's.\n"
               "checkpoint: ", meta0.at("segments").dump(), "\nthis optimizer: ", mine.dump());
 
-  struct OldPiece { int rank; int64_t begin, end; std::vector<std::string> names; };
+  // `index`: the piece's position in its shard's list, which names its tensors (piece<index>_<state>).
+  struct OldPiece { int rank; size_t index; int64_t begin, end; std::vector<std::string> names; };
   std::vector<std::vector<OldPiece>> old_pieces(pieces_.size());
   for (int r = 0; r < old_world; ++r) {
     const json m = r == 0 ? meta0 : read_json(shard_json(dir, r));
     TORCH_CHECK(m.value("format", "") == kShardFormat && m.at("world_size").get<int>() == old_world &&
                     m.at("rank").get<int>() == r && m.at("segments") == meta0.at("segments"),
                 "checkpoint '", dir, "': shard ", r, " does not belong to the same checkpoint as shard 0");
-    for (const auto& p : m.at("pieces")) {
+    const json& shard_pieces = m.at("pieces");
+    for (size_t j = 0; j < shard_pieces.size(); ++j) {
+      const json& p = shard_pieces[j];
       const size_t k = p.at("segment").get<size_t>();
       TORCH_CHECK(k < pieces_.size(), "checkpoint '", dir, "': shard ", r, " names segment ", k, " out of range");
-      OldPiece op{r, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(), p.at("state").get<std::vector<std::string>>()};
+      OldPiece op{r, j, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
+                  p.at("state").get<std::vector<std::string>>()};
       if (op.end > op.begin) old_pieces[k].push_back(std::move(op));
     }
   }
+  // By range: the block rotation gives rank r any block, and a shard may hold several pieces of
+  // a segment (the Python engine writes one per owned matrix or scalar range).
+  for (auto& ops : old_pieces)
+    std::sort(ops.begin(), ops.end(), [](const OldPiece& a, const OldPiece& b) { return a.begin < b.begin; });
 
   // Read only the old shards that overlap what this rank owns.
   std::map<int, std::unique_ptr<torch::serialize::InputArchive>> archives;
@@ -145,7 +153,7 @@ void DistributedOptimizer::load_shards(const std::string& dir) {
     std::vector<std::string> names;
     std::map<std::string, std::vector<at::Tensor>> parts;
     int64_t covered = p.begin;
-    for (const auto& op : old_pieces[k]) {  // ascending by rank, hence by range
+    for (const auto& op : old_pieces[k]) {  // ascending by range
       const int64_t b = std::max(p.begin, op.begin), e = std::min(p.end, op.end);
       if (e <= b) continue;
       TORCH_CHECK(b == covered, "checkpoint '", dir, "': segment ", k, " has a gap at ", covered);
@@ -155,7 +163,7 @@ void DistributedOptimizer::load_shards(const std::string& dir) {
                   op.rank);
       for (const auto& name : names) {
         at::Tensor t;
-        archive(op.rank).read(fmt::format("piece{}_{}", k, name), t, true);
+        archive(op.rank).read(fmt::format("piece{}_{}", op.index, name), t, true);
         if (t.dim() == 0) {
           if (parts[name].empty()) parts[name].push_back(t);
         } else {

@@ -6,8 +6,8 @@
 #include <exception>
 #include <string>
 
-#include "dist/c10d_compat.h"
-#include "orthopt/dist.h"
+#include "distributed/c10d_compat.h"
+#include "orthopt/distributed.h"
 
 namespace orthopt::dist {
 

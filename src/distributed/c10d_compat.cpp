@@ -1,6 +1,6 @@
 // c10d glue for libtorch 1.13 and torch 2.x (see c10d_compat.h). Everything version-specific
 // is in the `#if TORCH_VERSION_MAJOR` blocks at the top; the rest is shared.
-#include "dist/c10d_compat.h"
+#include "distributed/c10d_compat.h"
 
 #include <torch/version.h>
 

@@ -19,7 +19,7 @@
 #include <iostream>
 #include <thread>
 
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 #include "orthopt/runtime.h"
 
 extern char** environ;

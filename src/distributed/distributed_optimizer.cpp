@@ -23,7 +23,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "orthopt/dist.h"
+#include "orthopt/distributed.h"
 
 namespace orthopt::dist {
 
@@ -75,44 +75,6 @@ std::string describe_config(const std::vector<ParamGroup>& groups, int world) {
 
 }  // namespace
 
-// A contiguous run of elements copied between a model parameter and the flat buffers.
-struct Run {
-  size_t group, param;
-  int64_t param_offset;  // in the param's flattened elements
-  int64_t flat_offset;   // in the [N·chunk] flat buffer
-  int64_t count;
-  int owner;
-};
-
-struct Segment {  // one bank or one scalar vector
-  size_t group;
-  bool is_bank;
-  int64_t rows = 0, cols = 0;  // banks
-  int64_t units = 0;           // matrices (banks) or elements (scalars), before padding
-  int64_t per_rank = 0;        // units per rank after padding (block size P)
-  int64_t chunk_offset = 0;    // offset of this segment inside every rank's chunk
-  int world = 1;
-  int shift = 0;               // block j is owned by rank (j + shift) % N: spreads remainders
-  int64_t unit_numel() const { return is_bank ? rows * cols : 1; }
-  int64_t block_of(int r) const { return (r - shift + world) % world; }
-  int owner_of_block(int64_t j) const { return static_cast<int>((j + shift) % world); }
-  int64_t owned_begin(int r) const { return std::min(units, block_of(r) * per_rank); }
-  int64_t owned_end(int r) const { return std::min(units, (block_of(r) + 1) * per_rank); }
-};
-
-// Units [first_unit, first_unit + count) of a segment come from parameter `param` of its group.
-struct Member {
-  size_t seg, param;
-  int64_t first_unit, count;
-};
-
-struct DistributedOptimizer::Layout {
-  std::vector<Segment> segments;
-  std::vector<Member> members;  // in segment order of units
-  std::vector<Run> runs;
-  int64_t chunk = 0;
-};
-
 namespace {
 
 // The matrix shape and count of matrices a param contributes to a bank.
@@ -140,7 +102,7 @@ GroupOptions local_options(GroupOptions o) {
 }
 
 // Splits [unit_begin, unit_begin + n) of a segment into runs at rank boundaries.
-void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t group, size_t param,
+void add_runs(std::vector<LayoutRun>& runs, const LayoutSegment& seg, int64_t chunk, size_t group, size_t param,
               int64_t unit_begin, int64_t n) {
   const int64_t un = seg.unit_numel();
   int64_t u = unit_begin;
@@ -149,15 +111,20 @@ void add_runs(std::vector<Run>& runs, const Segment& seg, int64_t chunk, size_t 
     const int owner = seg.owner_of_block(block);
     const int64_t end = std::min(unit_begin + n, (block + 1) * seg.per_rank);
     const int64_t local = u - block * seg.per_rank;
-    runs.push_back(Run{group, param, (u - unit_begin) * un,
+    runs.push_back(LayoutRun{group, param, (u - unit_begin) * un,
                        owner * chunk + seg.chunk_offset + local * un, (end - u) * un, owner});
     u = end;
   }
 }
 
+}  // namespace
+
 // Segments, the block rotation of each, and the copy runs of every parameter (the layout
 // described at the top of this file). Depends only on shapes, options and N.
-void build_layout(DistributedOptimizer::Layout& L, const std::vector<ParamGroup>& groups, int N) {
+Layout build_layout(const std::vector<ParamGroup>& groups, int N) {
+  TORCH_CHECK(N >= 1, "build_layout: argument 'world_size' must be >= 1, got ", N);
+  Layout L;
+  L.world_size = N;
   auto& members = L.members;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& grp = groups[g];
@@ -172,16 +139,23 @@ void build_layout(DistributedOptimizer::Layout& L, const std::vector<ParamGroup>
           if (L.segments[group_segs[s]].rows == rows && L.segments[group_segs[s]].cols == cols) break;
         if (s == group_segs.size()) {
           group_segs.push_back(L.segments.size());
-          Segment seg{g, true, rows, cols};
+          LayoutSegment seg;
+          seg.group = g;
+          seg.is_bank = true;
+          seg.rows = rows;
+          seg.cols = cols;
           L.segments.push_back(seg);
         }
-        Segment& seg = L.segments[group_segs[s]];
+        LayoutSegment& seg = L.segments[group_segs[s]];
         members.push_back({group_segs[s], i, seg.units, count});
         seg.units += count;
       }
     } else {
       const size_t s = L.segments.size();
-      L.segments.push_back(Segment{g, false});
+      LayoutSegment seg;
+      seg.group = g;
+      seg.is_bank = false;
+      L.segments.push_back(seg);
       for (size_t i = 0; i < grp.params.size(); ++i) {
         members.push_back({s, i, L.segments[s].units, grp.params[i].numel()});
         L.segments[s].units += grp.params[i].numel();
@@ -220,16 +194,14 @@ void build_layout(DistributedOptimizer::Layout& L, const std::vector<ParamGroup>
     L.chunk += seg.per_rank * seg.unit_numel();
   }
   for (const auto& m : members) {
-    const auto& seg = L.segments[m.seg];
+    const auto& seg = L.segments[m.segment];
     add_runs(L.runs, seg, L.chunk, seg.group, m.param, m.first_unit, m.count);
   }
-
+  return L;
 }
 
-}  // namespace
-
 DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::shared_ptr<DistContext> ctx)
-    : groups_(std::move(groups)), ctx_(std::move(ctx)), layout_(new Layout) {
+    : groups_(std::move(groups)), ctx_(std::move(ctx)) {
   TORCH_CHECK(ctx_, "DistributedOptimizer: context is null");
   TORCH_CHECK(!groups_.empty(), "DistributedOptimizer: no parameter groups");
   const int N = ctx_->world_size();
@@ -263,7 +235,7 @@ DistributedOptimizer::DistributedOptimizer(std::vector<ParamGroup> groups, std::
   // it up front, on every rank, with the first difference in the message.
   ctx_->check_same_on_all_ranks("optimizer configuration", describe_config(groups_, N));
 
-  build_layout(*layout_, groups_, N);
+  layout_ = std::make_unique<Layout>(build_layout(groups_, N));
   chunk_ = layout_->chunk;
   const auto& L = *layout_;
 
@@ -347,7 +319,7 @@ std::unique_ptr<Optimizer> DistributedOptimizer::build_local() {
     std::vector<QSource> sources;
     for (const auto& m : layout_->members) {
       const int64_t b = std::max(piece.begin, m.first_unit), e = std::min(piece.end, m.first_unit + m.count);
-      if (m.seg != k || b >= e) continue;
+      if (m.segment != k || b >= e) continue;
       const auto& grp = groups_[piece.group];
       int64_t rows, cols, count;
       matrix_view(grp, m.param, rows, cols, count);
@@ -475,8 +447,7 @@ int64_t DistributedOptimizer::state_bytes() const { return local_ ? local_->stat
 
 LayoutPlan plan_layout(const std::vector<ParamGroup>& groups, int world_size) {
   TORCH_CHECK(world_size >= 1, "plan_layout: argument 'world_size' must be >= 1, got ", world_size);
-  DistributedOptimizer::Layout L;
-  build_layout(L, groups, world_size);
+  const Layout L = build_layout(groups, world_size);
   LayoutPlan plan;
   plan.world_size = world_size;
   plan.chunk_elements = L.chunk;
