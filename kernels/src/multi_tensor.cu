@@ -126,8 +126,8 @@ struct DecoupledOp : FunctorBase {
 };
 
 // orthopt_multi_update; with kRowScaled role 3 holds the row scales (fp32, one per row of cols
-// elements). Two instantiations, so that the plain update keeps its registers (with the row
-// scales ptxas gives it about 20 more per thread, a block less per multiprocessor).
+// elements). Two instantiations, so that the plain update does not carry the row scales'
+// registers (nvcc 13, sm_90a: 54 per thread without, 64 with).
 template <bool kRowScaled>
 struct UpdateOp : DecoupledOp {
   static constexpr int kDepth = kRowScaled ? 4 : 3;
