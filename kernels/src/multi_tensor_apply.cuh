@@ -167,6 +167,9 @@ __device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, i
 // A functor of the flat kernels (see the top of this file) provides:
 //   kLoad, kStore, kOptional  role bit masks (bit r: role r of the table);
 //   kAfterTable               whether after_table() runs after each table's launch;
+//   kLoadsByRole              the round's loads issued role by role (all packs of role 0, then
+//                             role 1, ...) instead of pack by pack: only the order of the
+//                             instructions, which ptxas's register allocation depends on;
 //   State tensor(t, i)        per-tensor constants, once per block;
 //   load(s, p, e0, end, x)    its own loads of the pack at e0 (p: the tensor's pointers, x: the
 //                             pack's values per role; roles outside kLoad are its scratch);
@@ -177,6 +180,7 @@ __device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, i
 struct FunctorBase {
   static constexpr unsigned kOptional = 0;
   static constexpr bool kAfterTable = false;
+  static constexpr bool kLoadsByRole = false;
   template <class S, int D>
   __device__ __forceinline__ void load(const S&, void* const (&)[D], int64_t, int64_t, Pack (&)[D]) const {}
   template <class S, int D>
@@ -208,12 +212,21 @@ __global__ void __launch_bounds__(kThreads)
   void* const(&ptrs)[Depth] = p;
   for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
     Pack x[kIlp][Depth];
+    if constexpr (F::kLoadsByRole) {
+#pragma unroll
+      for (int k = 0; k < Depth; ++k)
+#pragma unroll
+        for (int r = 0; r < kIlp; ++r)
+          if (F::kLoad >> k & 1u) load_pack(p[k], pack_start(base, r), end, dt.of[k], vec, x[r][k]);
+    }
 #pragma unroll
     for (int r = 0; r < kIlp; ++r) {
       const int64_t e0 = pack_start(base, r);
+      if constexpr (!F::kLoadsByRole) {
 #pragma unroll
-      for (int k = 0; k < Depth; ++k)
-        if (F::kLoad >> k & 1u) load_pack(p[k], e0, end, dt.of[k], vec, x[r][k]);
+        for (int k = 0; k < Depth; ++k)
+          if (F::kLoad >> k & 1u) load_pack(p[k], e0, end, dt.of[k], vec, x[r][k]);
+      }
       f.load(s, ptrs, e0, end, x[r]);
     }
 #pragma unroll
