@@ -170,7 +170,8 @@ struct UpdateSelectedOp : DecoupledOp {
       if (e >= end) continue;
       const int64_t row = row_of(e, cols, s.narrow);
       const int32_t sel = map[row];
-      if (sel >= 0) x[1][q] = orthopt_k::load(p[1], static_cast<int64_t>(sel) * cols + (e - row * cols), direction_dtype);
+      if (sel >= 0)
+        x[1][q] = orthopt_k::load(p[1], static_cast<int64_t>(sel) * cols + (e - row * cols), direction_dtype);
     }
   }
   orthopt_dtype direction_dtype;
@@ -636,7 +637,8 @@ orthopt_status check_list(const char* fn, const char* what, const orthopt_tensor
     const bool ok = want >= 0 ? got == want : got >= 0 && got % cols == 0;
     if (!ok)
       return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s': 'numel' [%lld] = %lld, expected %s%lld", fn, what,
-                  (long long)i, (long long)got, want >= 0 ? "" : "a multiple of ", (long long)(want >= 0 ? want : cols));
+                  (long long)i, (long long)got, want >= 0 ? "" : "a multiple of ",
+                  (long long)(want >= 0 ? want : cols));
   }
   if (typed && !valid_elementwise_dtype(l.dtype))
     return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument '%s' must be fp32, bf16 or fp16, got %d", fn, what,
@@ -767,7 +769,9 @@ bool ns_fits(const NsLaunch& l, int64_t rows, int64_t cols) {
 }  // namespace
 }  // namespace orthopt_k
 
-extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) { return ns_fits(ns_launch(), rows, cols) ? 1 : 0; }
+extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) {
+  return ns_fits(ns_launch(), rows, cols) ? 1 : 0;
+}
 
 extern "C" orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum, orthopt_tensor_list grad,
                                                     int64_t rows, int64_t cols, void* out, orthopt_dtype out_dtype,

@@ -242,9 +242,9 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
   // Scalars rounded to fp32 as scale_cast rounds them (static_cast: to nearest).
   const orthopt_ns_input_params params{{mu, grad_weight, nesterov ? 1 : 0}, static_cast<float>(safety),
                                        static_cast<float>(eps)};
-  check_status(orthopt_momentum_ns_input(d[0], d[1], rows, cols, out.data_ptr(), kernel_dtype(out.scalar_type()), params,
-                                         row_sumsq.data_ptr<float>(), static_cast<unsigned int*>(arrived.data_ptr()),
-                                         launch.keep, launch.stream),
+  check_status(orthopt_momentum_ns_input(d[0], d[1], rows, cols, out.data_ptr(), kernel_dtype(out.scalar_type()),
+                                         params, row_sumsq.data_ptr<float>(),
+                                         static_cast<unsigned int*>(arrived.data_ptr()), launch.keep, launch.stream),
                "orthopt_momentum_ns_input");
 }
 
