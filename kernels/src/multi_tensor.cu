@@ -1,12 +1,9 @@
 // Multi-tensor elementwise kernels of the optimizer step (orthopt_multi_*): Muon momentum, the
-// decoupled update, AdamW and Lion over lists of tensors. The GPU step was launch-bound with a
+// decoupled update, AdamW and Lion over lists of tensors, as functors of one launcher
+// (multi_tensor_apply.cuh: tables, chunks, packs); and the kernels with a parallel structure of
+// their own over rows (momentum with row statistics, the one-pass Newton–Schulz input, NorMuon's
+// factors, Dion3's row selection), on the same helpers. The GPU step was launch-bound with a
 // handful of ATen ops per tensor (docs/gpu.md); here a list costs one launch per table.
-//
-// Layout: a Table (device pointers per role, sizes, per-tensor factors and the first block of
-// each tensor) is a kernel argument passed by value, so no host-to-device copy happens and the
-// launches can be captured in a CUDA graph. Block b finds its tensor by scanning the cumulative
-// block counts and processes one chunk of kChunk elements of it. A list longer than a table's
-// capacity is launched in several tables, in order.
 //
 // Numerics: every fp32 operation is one IEEE operation in the order of the ATen reference
 // (src/optim/update_math.cpp). The __f*_rn / __d*_rn intrinsics keep nvcc from contracting
@@ -21,147 +18,10 @@
 #include <optional>
 #include <vector>
 
-#include "internal.h"
+#include "multi_tensor_apply.cuh"
 
 namespace orthopt_k {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kIlp = 4;  // loads per thread and role issued before any is stored (memory parallelism)
-// The flat kernels (momentum, update, AdamW, Lion) move kVec consecutive elements per load and
-// store: one 16-byte (fp32) or 8-byte (bf16/fp16) access where the tensor's pointers allow
-// (vec_aligned), element by element otherwise (scalar 4-byte loads held the update and AdamW
-// below the memory bandwidth); the arithmetic per element is unchanged.
-constexpr int kVec = 4;
-constexpr int64_t kChunk = int64_t(kThreads) * kIlp * kVec * 4;  // elements per block
-constexpr int64_t kMaxBlocks = int64_t(1) << 30;             // per launch (grid.x < 2^31)
-constexpr int64_t kMaxNumel = kMaxBlocks * kChunk;           // one tensor fits one launch
-// A table plus the per-kernel scalars stay within the classic 4 KiB kernel-argument limit.
-constexpr size_t kTableBytes = 3840;
-
-template <int R>  // R pointer roles per tensor
-struct Table {
-  static constexpr int kCapacity =
-      static_cast<int>((kTableBytes - 16) / (R * sizeof(void*) + sizeof(int64_t) + sizeof(double) + sizeof(int)));
-  void* ptr[R][kCapacity];
-  int64_t numel[kCapacity];
-  double factor[kCapacity];
-  int block_start[kCapacity + 1];  // first block of tensor i; block_start[count] = blocks in all
-  int count;
-};
-
-__device__ __forceinline__ float load(const void* p, int64_t i, orthopt_dtype dt) {
-  switch (dt) {
-    case ORTHOPT_FP32: return static_cast<const float*>(p)[i];
-    case ORTHOPT_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return __half2float(static_cast<const __half*>(p)[i]);
-  }
-}
-
-// Round to nearest even, like ATen's casts.
-__device__ __forceinline__ void store(void* p, int64_t i, orthopt_dtype dt, float v) {
-  switch (dt) {
-    case ORTHOPT_FP32: static_cast<float*>(p)[i] = v; break;
-    case ORTHOPT_BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-  }
-}
-
-// v as stored in dtype dt, read back.
-__device__ __forceinline__ float rounded(float v, orthopt_dtype dt) {
-  switch (dt) {
-    case ORTHOPT_FP32: return v;
-    case ORTHOPT_BF16: return __bfloat162float(__float2bfloat16_rn(v));
-    default: return __half2float(__float2half_rn(v));
-  }
-}
-
-__device__ __forceinline__ bool skipped(const uint8_t* keep) { return keep != nullptr && *keep == 0; }
-
-// Sum over the warp's 32 lanes by a butterfly in a fixed order (deterministic); every lane gets
-// the total.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// ---- packs: kVec consecutive elements e .. e + kVec − 1 of a tensor, as fp32.
-
-using Pack = float[kVec];
-
-// Whether p (NULL: an absent role) allows vector access to packs. A block's chunk starts at a
-// multiple of kChunk elements, so every pack of it is then aligned too.
-__device__ __forceinline__ bool vec_aligned(const void* p, orthopt_dtype dt) {
-  const uintptr_t bytes = static_cast<uintptr_t>(kVec) * (dt == ORTHOPT_FP32 ? 4 : 2);
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-// One vector access where `vec` and the whole pack lies before end; else element by element
-// (0 for elements at or past end).
-__device__ __forceinline__ void load_pack(const void* p, int64_t e, int64_t end, orthopt_dtype dt, bool vec,
-                                          Pack& v) {
-  if (vec && e + kVec <= end) {
-    if (dt == ORTHOPT_FP32) {
-      const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + e);
-      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-    } else {
-      const uint2 x = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + e);
-      float2 lo, hi;
-      if (dt == ORTHOPT_BF16) {
-        lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.x));
-        hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.y));
-      } else {
-        lo = __half22float2(*reinterpret_cast<const __half2*>(&x.x));
-        hi = __half22float2(*reinterpret_cast<const __half2*>(&x.y));
-      }
-      v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-    }
-    return;
-  }
-#pragma unroll
-  for (int q = 0; q < kVec; ++q) v[q] = e + q < end ? load(p, e + q, dt) : 0.0f;
-}
-
-// Stores rounded to nearest even, like store(); elements at or past end are not written.
-__device__ __forceinline__ void store_pack(void* p, int64_t e, int64_t end, orthopt_dtype dt, bool vec,
-                                           const Pack& v) {
-  if (vec && e + kVec <= end) {
-    if (dt == ORTHOPT_FP32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(p) + e) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-      uint2 x;
-      if (dt == ORTHOPT_BF16) {
-        *reinterpret_cast<__nv_bfloat162*>(&x.x) = __floats2bfloat162_rn(v[0], v[1]);
-        *reinterpret_cast<__nv_bfloat162*>(&x.y) = __floats2bfloat162_rn(v[2], v[3]);
-      } else {
-        *reinterpret_cast<__half2*>(&x.x) = __floats2half2_rn(v[0], v[1]);
-        *reinterpret_cast<__half2*>(&x.y) = __floats2half2_rn(v[2], v[3]);
-      }
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p) + e) = x;
-    }
-    return;
-  }
-#pragma unroll
-  for (int q = 0; q < kVec; ++q)
-    if (e + q < end) store(p, e + q, dt, v[q]);
-}
-
-// The flat kernels' walk over a block's chunk: thread x takes, per round, the kIlp packs
-// starting at base + r·kThreads·kVec (r < kIlp), base = begin + x·kVec + round·kStride.
-constexpr int64_t kStride = int64_t(kThreads) * kVec * kIlp;
-__device__ __forceinline__ int64_t pack_start(int64_t base, int r) { return base + int64_t(r) * kThreads * kVec; }
-
-// This block's tensor and its element range [begin, end).
-template <int R>
-__device__ __forceinline__ int block_tensor(const Table<R>& t, int64_t* begin, int64_t* end, int64_t chunk = kChunk) {
-  const int b = static_cast<int>(blockIdx.x);
-  int i = 0;
-  while (i + 1 < t.count && b >= t.block_start[i + 1]) ++i;
-  *begin = static_cast<int64_t>(b - t.block_start[i]) * chunk;
-  *end = *begin + chunk < t.numel[i] ? *begin + chunk : t.numel[i];
-  return i;
-}
 
 // ---- decoupled weight decay and update (update_math.cpp: decoupled_update)
 
@@ -188,18 +48,9 @@ __device__ __forceinline__ float decoupled(float w, float d, int mode, const Dec
   return __fsub_rn(decayed, __fmul_rn(d, c.step));
 }
 
-// ---- kernels. Each first checks the keep flag (skip: write nothing), then walks its chunk
-// kIlp packs per thread at a time: all loads of a group, then the math and the stores.
-
-struct MomentumArgs {
-  float mu, grad_weight;
-  int nesterov;
-  orthopt_dtype momentum_dtype, grad_dtype, out_dtype;
-  const uint8_t* keep;
-};
-
-// The momentum's fp32 arithmetic, shared by both momentum kernels: M_new = μ·M + w·G (w·G
-// returned in *wg), and the orthogonalization input, w·G + μ·M_new (Nesterov) or M_new.
+// The momentum's fp32 arithmetic, shared by the momentum functor and the row kernels: M_new =
+// μ·M + w·G (w·G returned in *wg), and the orthogonalization input, w·G + μ·M_new (Nesterov) or
+// M_new.
 __device__ __forceinline__ float momentum_new(float m, float g, float mu, float grad_weight, float* wg) {
   *wg = __fmul_rn(g, grad_weight);
   return __fadd_rn(__fmul_rn(m, mu), *wg);
@@ -208,50 +59,196 @@ __device__ __forceinline__ float momentum_input(float wg, float m_new, float mu,
   return nesterov ? __fadd_rn(wg, __fmul_rn(m_new, mu)) : m_new;
 }
 
-// roles: 0 momentum (read, written), 1 gradient, 2 orthogonalization input (written)
-__global__ void __launch_bounds__(kThreads) momentum_kernel(const __grid_constant__ Table<3> t, const MomentumArgs a) {
-  if (skipped(a.keep)) return;
-  int64_t begin, end;
-  const int i = block_tensor(t, &begin, &end);
-  void* M = t.ptr[0][i];
-  const void* G = t.ptr[1][i];
-  void* out = t.ptr[2][i];
-  const bool vec =
-      vec_aligned(M, a.momentum_dtype) && vec_aligned(G, a.grad_dtype) && vec_aligned(out, a.out_dtype);
-  for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
-    Pack m[kIlp], g[kIlp];
+// ---- the functors of apply(): roles, then the math of one element
+
+struct NoState {};
+
+// roles: 0 momentum (read, written), 1 gradient, 2 orthogonalization input (written; NULL: none)
+struct MomentumOp : FunctorBase {
+  static constexpr unsigned kLoad = 0b011, kStore = 0b101, kOptional = 0b100;
+  float mu, grad_weight;  // rounded to fp32 once
+  int nesterov;
+  __device__ __forceinline__ NoState tensor(const Table<3>&, int) const { return {}; }
+  __device__ __forceinline__ void operator()(const NoState&, float (&v)[3]) const {
+    float wg;
+    const float m_new = momentum_new(v[0], v[1], mu, grad_weight, &wg);
+    v[2] = momentum_input(wg, m_new, mu, nesterov);
+    v[0] = m_new;
+  }
+};
+
+// The row of element e: 32-bit division where the tensor allows (the kernel is memory-bound
+// and a 64-bit division per element costs more than the load).
+__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols, bool narrow) {
+  return narrow ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(cols)) : e / cols;
+}
+
+// D ← D · scale[row] for the pack of elements e0 .. e0 + kVec − 1 (rows of cols elements), one
+// fp32 product each as ATen's U · factor (NorMuon's Û, update_math.cpp: normuon_normalize); one
+// division for the pack's first row, the row advanced where the pack crosses into the next.
+__device__ __forceinline__ void scale_rows(Pack& d, int64_t e0, int64_t end, const float* scale, int64_t cols,
+                                           bool narrow) {
+  if (e0 >= end) return;
+  int64_t row = row_of(e0, cols, narrow), col = e0 - row * cols;
 #pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      load_pack(M, pack_start(base, r), end, a.momentum_dtype, vec, m[r]);
-      load_pack(G, pack_start(base, r), end, a.grad_dtype, vec, g[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = pack_start(base, r);
-      if (e >= end) continue;
-      Pack o;
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) {
-        float wg;
-        const float m_new = momentum_new(m[r][q], g[r][q], a.mu, a.grad_weight, &wg);
-        o[q] = momentum_input(wg, m_new, a.mu, a.nesterov);
-        m[r][q] = m_new;
-      }
-      store_pack(M, e, end, a.momentum_dtype, vec, m[r]);
-      if (out) store_pack(out, e, end, a.out_dtype, vec, o);
+  for (int q = 0; q < kVec; ++q) {
+    if (e0 + q >= end) break;  // past the end: not stored
+    d[q] = __fmul_rn(d[q], scale[row]);
+    if (++col == cols) {
+      col = 0;
+      ++row;
     }
   }
 }
 
+struct UpdateState {
+  DecayConsts c;
+  bool narrow;       // 32-bit row division (row_of)
+  bool pack_in_row;  // whole packs per row
+};
+
+// The decoupled update, W ← decoupled(W, D) and its parameter copy: roles 0 W (read, written),
+// 1 D, 2 parameter copy (written; NULL: none); how D is loaded is the derived functor's.
+struct DecoupledOp : FunctorBase {
+  static constexpr unsigned kStore = 0b101, kOptional = 0b100;
+  Decay decay;
+  int64_t cols;  // row length of the row scales or row map
+  template <int D>
+  __device__ __forceinline__ UpdateState tensor(const Table<D>& t, int i) const {
+    return {decay_consts(decay, t.factor[i]), t.numel[i] <= int64_t(UINT32_MAX) && cols <= int64_t(UINT32_MAX),
+            cols % kVec == 0};
+  }
+  template <int D>
+  __device__ __forceinline__ void operator()(const UpdateState& s, float (&v)[D]) const {
+    v[0] = decoupled(v[0], v[1], decay.mode, s.c);
+    v[2] = v[0];
+  }
+};
+
+// orthopt_multi_update; with kRowScaled role 3 holds the row scales (fp32, one per row of cols
+// elements). Two instantiations, so that the plain update does not carry the row scales'
+// registers (nvcc 13, sm_90a: 54 per thread without, 64 with).
+template <bool kRowScaled>
+struct UpdateOp : DecoupledOp {
+  static constexpr int kDepth = kRowScaled ? 4 : 3;
+  static constexpr unsigned kLoad = 0b011;
+  // Packs start at multiples of kVec in the tensor (block chunks are), so with whole packs per
+  // row a pack lies in one row: one division and one factor load per pack, issued with the
+  // pack's loads rather than after them (NorMuon's rows: 768 to 8192 columns); role 3 of the
+  // pack holds that factor.
+  __device__ __forceinline__ void load(const UpdateState& s, void* const (&p)[kDepth], int64_t e0, int64_t end,
+                                       Pack (&x)[kDepth]) const {
+    if constexpr (kRowScaled) {
+      if (s.pack_in_row) x[3][0] = e0 < end ? static_cast<const float*>(p[3])[row_of(e0, cols, s.narrow)] : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void pack(const UpdateState& s, void* const (&p)[kDepth], int64_t e0, int64_t end,
+                                       Pack (&x)[kDepth]) const {
+    if constexpr (kRowScaled) {
+      if (s.pack_in_row) {
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) x[1][q] = __fmul_rn(x[1][q], x[3][0]);
+      } else {
+        scale_rows(x[1], e0, end, static_cast<const float*>(p[3]), cols, s.narrow);
+      }
+    }
+  }
+};
+
+// orthopt_multi_update_selected: role 1 holds compact direction rows, role 3 the row map (int32
+// per row of W: direction row or -1); D is gathered element by element (not in the packs'
+// vector access).
+struct UpdateSelectedOp : DecoupledOp {
+  static constexpr unsigned kLoad = 0b001;
+  __device__ __forceinline__ void load(const UpdateState& s, void* const (&p)[4], int64_t e0, int64_t end,
+                                       Pack (&x)[4]) const {
+    const int32_t* map = static_cast<const int32_t*>(p[3]);
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) {
+      const int64_t e = e0 + q;
+      x[1][q] = 0.0f;
+      if (e >= end) continue;
+      const int64_t row = row_of(e, cols, s.narrow);
+      const int32_t sel = map[row];
+      if (sel >= 0)
+        x[1][q] = orthopt_k::load(p[1], static_cast<int64_t>(sel) * cols + (e - row * cols), direction_dtype);
+    }
+  }
+  orthopt_dtype direction_dtype;
+};
+
+struct AdamWState {
+  DecayConsts c;
+  float bc1, bc2_sqrt;  // bias corrections 1 − β1^t and √(1 − β2^t), rounded to fp32
+};
+
+// roles: 0 gradient, 1 exp_avg, 2 exp_avg_sq, 3 step (fp32; read here, incremented by
+// after_table), 4 W, 5 parameter copy (NULL: none)
+struct AdamWOp : FunctorBase {
+  static constexpr unsigned kLoad = 0b010111, kStore = 0b110110, kOptional = 0b100000;
+  static constexpr bool kAfterTable = true;
+  // nvcc 13, sm_90a: 120 registers and no spill; pack by pack 128 and 16 bytes spilled.
+  static constexpr bool kLoadsByRole = true;
+  Decay decay;
+  double beta1, beta2;  // fp64 for the bias corrections
+  float b1, one_minus_b1, b2, one_minus_b2, eps;
+  // Bias corrections from the step count after this step (update_math.cpp: adamw_direction).
+  __device__ __forceinline__ AdamWState tensor(const Table<6>& t, int i) const {
+    const float step_new = __fadd_rn(*static_cast<const float*>(t.ptr[3][i]), 1.0f);
+    const double bc1 = __dsub_rn(1.0, pow(beta1, static_cast<double>(step_new)));
+    const double bc2 = __dsub_rn(1.0, pow(beta2, static_cast<double>(step_new)));
+    return {decay_consts(decay, 1.0), __double2float_rn(bc1), __double2float_rn(__dsqrt_rn(bc2))};
+  }
+  __device__ __forceinline__ void operator()(const AdamWState& s, float (&v)[6]) const {
+    const float g = v[0];
+    const float m_new = __fadd_rn(__fmul_rn(v[1], b1), __fmul_rn(g, one_minus_b1));
+    const float v_new = __fadd_rn(__fmul_rn(v[2], b2), __fmul_rn(__fmul_rn(g, g), one_minus_b2));
+    const float d = __fdiv_rn(__fdiv_rn(m_new, s.bc1), __fadd_rn(__fdiv_rn(__fsqrt_rn(v_new), s.bc2_sqrt), eps));
+    v[1] = m_new;
+    v[2] = v_new;
+    v[4] = decoupled(v[4], d, decay.mode, s.c);
+    v[5] = v[4];
+  }
+  // step ← step + 1, after every block of the table's launch has read the old count.
+  __device__ __forceinline__ void after_table(const Table<6>& t, int i) const {
+    float* s = static_cast<float*>(t.ptr[3][i]);
+    *s = __fadd_rn(*s, 1.0f);
+  }
+};
+
+// roles: 0 gradient, 1 exp_avg, 2 W, 3 parameter copy (NULL: none)
+struct LionOp : FunctorBase {
+  static constexpr unsigned kLoad = 0b0111, kStore = 0b1110, kOptional = 0b1000;
+  Decay decay;
+  float b1, one_minus_b1, b2, one_minus_b2;
+  __device__ __forceinline__ DecayConsts tensor(const Table<4>&, int) const { return decay_consts(decay, 1.0); }
+  __device__ __forceinline__ void operator()(const DecayConsts& c, float (&v)[4]) const {
+    const float mix = __fadd_rn(__fmul_rn(v[1], b1), __fmul_rn(v[0], one_minus_b1));
+    const float d = static_cast<float>((0.0f < mix) - (mix < 0.0f));  // ATen's sign: NaN -> 0
+    v[1] = __fadd_rn(__fmul_rn(v[1], b2), __fmul_rn(v[0], one_minus_b2));
+    v[2] = decoupled(v[2], d, decay.mode, c);
+    v[3] = v[2];
+  }
+};
+
+// ---- the row kernels' momentum arguments
+
+struct MomentumArgs {
+  float mu, grad_weight;
+  int nesterov;
+  orthopt_dtype momentum_dtype, grad_dtype, out_dtype;
+  const uint8_t* keep;
+};
+
 // ---- momentum over whole rows with a statistic per row (orthopt_multi_momentum_rows): one
 // warp per row, so the statistic is summed in a fixed order (lanes in column order, then a
-// fixed butterfly) and the kernel is deterministic; the momentum arithmetic is momentum_kernel's
+// fixed butterfly) and the kernel is deterministic; the momentum arithmetic is MomentumOp's
 // (momentum_new, momentum_input).
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
 struct MomentumRowsArgs {
-  MomentumArgs momentum;  // as for momentum_kernel
+  MomentumArgs momentum;
   int64_t cols;
   orthopt_row_stat stat;
 };
@@ -330,6 +327,7 @@ __global__ void __launch_bounds__(kThreads) momentum_rows_kernel(const __grid_co
   // L1: as ATen's norm of a bf16/fp16 tensor, fp32 accumulation and the result in M's dtype.
   if (lane == 0) stats[row_start / a.cols] = l1 ? rounded(sum, p.momentum_dtype) : sum;
 }
+static_assert(sizeof(Table<4>) + sizeof(MomentumRowsArgs) <= 4096, "kernel arguments must stay within 4 KiB");
 
 // ---- momentum and the Newton–Schulz input in one pass (orthopt_momentum_ns_input). The
 // two-pass form (momentum_rows_kernel writing the fp32 input, then orthopt_scale_cast) moves the
@@ -395,8 +393,6 @@ struct MomentumNsArgs {
   const void* grad_ptr[kNsMaxMats];
 };
 
-// ceil(a / b) for a >= 0, b > 0.
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const __grid_constant__ MomentumNsArgs a) {
   extern __shared__ float4 smem_input[];  // this block's rows of the fp32 input, [rows here, cols]
@@ -457,257 +453,6 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
       }
     }
     __syncthreads();  // shared memory is refilled by the next round
-  }
-}
-
-struct UpdateArgs {
-  Decay decay;
-  orthopt_dtype weight_dtype, direction_dtype, param_dtype;
-  int64_t cols;  // row length of the row scales (with row scales only)
-  const uint8_t* keep;
-};
-
-// The row of element e: 32-bit division where the tensor allows (the kernel is memory-bound
-// and a 64-bit division per element costs more than the load).
-__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols, bool narrow) {
-  return narrow ? static_cast<int64_t>(static_cast<uint32_t>(e) / static_cast<uint32_t>(cols)) : e / cols;
-}
-
-// D ← D · scale[row] for the pack of elements e0 .. e0 + kVec − 1 (rows of cols elements), one
-// fp32 product each as ATen's U · factor (NorMuon's Û, update_math.cpp: normuon_normalize); one
-// division for the pack's first row, the row advanced where the pack crosses into the next.
-__device__ __forceinline__ void scale_rows(Pack& d, int64_t e0, int64_t end, const float* scale, int64_t cols,
-                                           bool narrow) {
-  if (e0 >= end) return;
-  int64_t row = row_of(e0, cols, narrow), col = e0 - row * cols;
-#pragma unroll
-  for (int q = 0; q < kVec; ++q) {
-    if (e0 + q >= end) break;  // past the end: not stored
-    d[q] = __fmul_rn(d[q], scale[row]);
-    if (++col == cols) {
-      col = 0;
-      ++row;
-    }
-  }
-}
-
-// The store half of both update kernels: W (and its parameter copy) ← decoupled(w, d) for the
-// kIlp packs of this round.
-__device__ __forceinline__ void store_updated(void* W, void* P, Pack (&w)[kIlp], const Pack (&d)[kIlp], int64_t base,
-                                              int64_t end, bool vec, int mode, const DecayConsts& c,
-                                              orthopt_dtype weight_dtype, orthopt_dtype param_dtype) {
-#pragma unroll
-  for (int r = 0; r < kIlp; ++r) {
-    const int64_t e = pack_start(base, r);
-    if (e >= end) continue;
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) w[r][q] = decoupled(w[r][q], d[r][q], mode, c);
-    store_pack(W, e, end, weight_dtype, vec, w[r]);
-    if (P) store_pack(P, e, end, param_dtype, vec, w[r]);
-  }
-}
-
-// roles: 0 W (read, written), 1 direction D, 2 parameter copy (written; NULL: none), and with
-// kRowScaled 3 row scales (fp32, one per row of a.cols elements). Two instantiations, so that the
-// plain update keeps its registers: with the row scales ptxas gives it 76 instead of 57 per
-// thread (3 instead of 4 blocks per multiprocessor).
-template <bool kRowScaled>
-__global__ void __launch_bounds__(kThreads)
-    update_kernel(const __grid_constant__ Table<kRowScaled ? 4 : 3> t, const UpdateArgs a) {
-  if (skipped(a.keep)) return;
-  int64_t begin, end;
-  const int i = block_tensor(t, &begin, &end);
-  const DecayConsts c = decay_consts(a.decay, t.factor[i]);
-  void* W = t.ptr[0][i];
-  const void* D = t.ptr[1][i];
-  void* P = t.ptr[2][i];
-  const bool vec =
-      vec_aligned(W, a.weight_dtype) && vec_aligned(D, a.direction_dtype) && vec_aligned(P, a.param_dtype);
-  const float* scale = kRowScaled ? static_cast<const float*>(t.ptr[kRowScaled ? 3 : 0][i]) : nullptr;
-  const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
-  // Packs start at multiples of kVec in the tensor (block chunks are), so with whole packs per
-  // row a pack lies in one row: one division and one factor load per pack, issued with the
-  // pack's loads rather than after them (NorMuon's rows: 768 to 8192 columns).
-  const bool pack_in_row = a.cols % kVec == 0;
-  for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
-    Pack w[kIlp], d[kIlp];
-    float row_scale[kIlp];
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e0 = pack_start(base, r);
-      load_pack(W, e0, end, a.weight_dtype, vec, w[r]);
-      load_pack(D, e0, end, a.direction_dtype, vec, d[r]);
-      if (kRowScaled && pack_in_row) row_scale[r] = e0 < end ? scale[row_of(e0, a.cols, narrow)] : 0.0f;
-    }
-    if constexpr (kRowScaled) {
-#pragma unroll
-      for (int r = 0; r < kIlp; ++r) {
-        if (pack_in_row) {
-#pragma unroll
-          for (int q = 0; q < kVec; ++q) d[r][q] = __fmul_rn(d[r][q], row_scale[r]);
-        } else {
-          scale_rows(d[r], pack_start(base, r), end, scale, a.cols, narrow);
-        }
-      }
-    }
-    store_updated(W, P, w, d, base, end, vec, a.decay.mode, c, a.weight_dtype, a.param_dtype);
-  }
-}
-
-struct UpdateSelectedArgs {
-  Decay decay;
-  orthopt_dtype weight_dtype, direction_dtype, param_dtype;
-  int64_t cols;
-  const uint8_t* keep;
-};
-
-// The update with a row-selected direction (orthopt_multi_update_selected).
-// roles: 0 W (read, written), 1 compact direction rows, 2 parameter copy (written; NULL: none),
-// 3 row map (int32 per row of W: direction row or -1)
-__global__ void __launch_bounds__(kThreads) update_selected_kernel(const __grid_constant__ Table<4> t,
-                                                                   const UpdateSelectedArgs a) {
-  if (skipped(a.keep)) return;
-  int64_t begin, end;
-  const int i = block_tensor(t, &begin, &end);
-  const DecayConsts c = decay_consts(a.decay, t.factor[i]);
-  void* W = t.ptr[0][i];
-  const void* D = t.ptr[1][i];
-  void* P = t.ptr[2][i];
-  const int32_t* map = static_cast<const int32_t*>(t.ptr[3][i]);
-  const bool narrow = t.numel[i] <= int64_t(UINT32_MAX) && a.cols <= int64_t(UINT32_MAX);
-  const bool vec = vec_aligned(W, a.weight_dtype) && vec_aligned(P, a.param_dtype);  // D: per element
-  for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
-    Pack w[kIlp], d[kIlp];
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e0 = pack_start(base, r);
-      load_pack(W, e0, end, a.weight_dtype, vec, w[r]);
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) {
-        const int64_t e = e0 + q;
-        d[r][q] = 0.0f;
-        if (e >= end) continue;
-        const int64_t row = row_of(e, a.cols, narrow);
-        const int32_t s = map[row];
-        if (s >= 0) d[r][q] = load(D, static_cast<int64_t>(s) * a.cols + (e - row * a.cols), a.direction_dtype);
-      }
-    }
-    store_updated(W, P, w, d, base, end, vec, a.decay.mode, c, a.weight_dtype, a.param_dtype);
-  }
-}
-
-struct AdamWArgs {
-  Decay decay;
-  double beta1, beta2;  // fp64 for the bias corrections
-  float b1, one_minus_b1, b2, one_minus_b2, eps;
-  orthopt_dtype grad_dtype, state_dtype, weight_dtype, param_dtype;
-  const uint8_t* keep;
-};
-
-// roles: 0 gradient, 1 exp_avg, 2 exp_avg_sq, 3 step (fp32, only read here), 4 W, 5 parameter copy
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ Table<6> t, const AdamWArgs a) {
-  if (skipped(a.keep)) return;
-  int64_t begin, end;
-  const int i = block_tensor(t, &begin, &end);
-  const DecayConsts c = decay_consts(a.decay, 1.0);
-  // Bias corrections from the step count after this step (update_math.cpp: adamw_direction).
-  const float step_new = __fadd_rn(*static_cast<const float*>(t.ptr[3][i]), 1.0f);
-  const double bc1 = __dsub_rn(1.0, pow(a.beta1, static_cast<double>(step_new)));
-  const double bc2 = __dsub_rn(1.0, pow(a.beta2, static_cast<double>(step_new)));
-  const float bc1_f = __double2float_rn(bc1), bc2_sqrt_f = __double2float_rn(__dsqrt_rn(bc2));
-  const void* G = t.ptr[0][i];
-  void* M = t.ptr[1][i];
-  void* V = t.ptr[2][i];
-  void* W = t.ptr[4][i];
-  void* P = t.ptr[5][i];
-  const bool vec = vec_aligned(G, a.grad_dtype) && vec_aligned(M, a.state_dtype) && vec_aligned(V, a.state_dtype) &&
-                   vec_aligned(W, a.weight_dtype) && vec_aligned(P, a.param_dtype);
-  for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
-    Pack g[kIlp], m[kIlp], v[kIlp], w[kIlp];
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = pack_start(base, r);
-      load_pack(G, e, end, a.grad_dtype, vec, g[r]);
-      load_pack(M, e, end, a.state_dtype, vec, m[r]);
-      load_pack(V, e, end, a.state_dtype, vec, v[r]);
-      load_pack(W, e, end, a.weight_dtype, vec, w[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = pack_start(base, r);
-      if (e >= end) continue;
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) {
-        const float gq = g[r][q];
-        const float m_new = __fadd_rn(__fmul_rn(m[r][q], a.b1), __fmul_rn(gq, a.one_minus_b1));
-        const float v_new = __fadd_rn(__fmul_rn(v[r][q], a.b2), __fmul_rn(__fmul_rn(gq, gq), a.one_minus_b2));
-        const float d =
-            __fdiv_rn(__fdiv_rn(m_new, bc1_f), __fadd_rn(__fdiv_rn(__fsqrt_rn(v_new), bc2_sqrt_f), a.eps));
-        m[r][q] = m_new;
-        v[r][q] = v_new;
-        w[r][q] = decoupled(w[r][q], d, a.decay.mode, c);
-      }
-      store_pack(M, e, end, a.state_dtype, vec, m[r]);
-      store_pack(V, e, end, a.state_dtype, vec, v[r]);
-      store_pack(W, e, end, a.weight_dtype, vec, w[r]);
-      if (P) store_pack(P, e, end, a.param_dtype, vec, w[r]);
-    }
-  }
-}
-
-// step ← step + 1 for every tensor of an AdamW table; launched after adamw_kernel on the same
-// table (every block of that kernel reads the old count, so it cannot write it itself).
-__global__ void step_increment_kernel(const __grid_constant__ Table<6> t, const uint8_t* keep) {
-  if (skipped(keep)) return;
-  const int i = static_cast<int>(threadIdx.x);
-  if (i >= t.count) return;
-  float* s = static_cast<float*>(t.ptr[3][i]);
-  *s = __fadd_rn(*s, 1.0f);
-}
-
-struct LionArgs {
-  Decay decay;
-  float b1, one_minus_b1, b2, one_minus_b2;
-  orthopt_dtype grad_dtype, state_dtype, weight_dtype, param_dtype;
-  const uint8_t* keep;
-};
-
-// roles: 0 gradient, 1 exp_avg, 2 W, 3 parameter copy
-__global__ void __launch_bounds__(kThreads) lion_kernel(const __grid_constant__ Table<4> t, const LionArgs a) {
-  if (skipped(a.keep)) return;
-  int64_t begin, end;
-  const int i = block_tensor(t, &begin, &end);
-  const DecayConsts c = decay_consts(a.decay, 1.0);
-  const void* G = t.ptr[0][i];
-  void* M = t.ptr[1][i];
-  void* W = t.ptr[2][i];
-  void* P = t.ptr[3][i];
-  const bool vec = vec_aligned(G, a.grad_dtype) && vec_aligned(M, a.state_dtype) &&
-                   vec_aligned(W, a.weight_dtype) && vec_aligned(P, a.param_dtype);
-  for (int64_t base = begin + threadIdx.x * kVec; base < end; base += kStride) {
-    Pack g[kIlp], m[kIlp], w[kIlp];
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = pack_start(base, r);
-      load_pack(G, e, end, a.grad_dtype, vec, g[r]);
-      load_pack(M, e, end, a.state_dtype, vec, m[r]);
-      load_pack(W, e, end, a.weight_dtype, vec, w[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kIlp; ++r) {
-      const int64_t e = pack_start(base, r);
-      if (e >= end) continue;
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) {
-        const float mix = __fadd_rn(__fmul_rn(m[r][q], a.b1), __fmul_rn(g[r][q], a.one_minus_b1));
-        const float d = static_cast<float>((0.0f < mix) - (mix < 0.0f));  // ATen's sign: NaN -> 0
-        m[r][q] = __fadd_rn(__fmul_rn(m[r][q], a.b2), __fmul_rn(g[r][q], a.one_minus_b2));
-        w[r][q] = decoupled(w[r][q], d, a.decay.mode, c);
-      }
-      store_pack(M, e, end, a.state_dtype, vec, m[r]);
-      store_pack(W, e, end, a.weight_dtype, vec, w[r]);
-      if (P) store_pack(P, e, end, a.param_dtype, vec, w[r]);
-    }
   }
 }
 
@@ -827,86 +572,87 @@ __global__ void __launch_bounds__(kThreads) dion3_take_rows_kernel(const Dion3Ta
   }
 }
 
-static_assert(sizeof(Table<3>) <= kTableBytes && sizeof(Table<4>) <= kTableBytes && sizeof(Table<6>) <= kTableBytes,
-              "tables must fit the kernel-argument budget");
-static_assert(sizeof(Table<6>) + sizeof(AdamWArgs) <= 4096 && sizeof(Table<4>) + sizeof(LionArgs) <= 4096 &&
-                  sizeof(Table<4>) + sizeof(UpdateArgs) <= 4096 && sizeof(Table<3>) + sizeof(MomentumArgs) <= 4096,
-              "kernel arguments must stay within 4 KiB");
-static_assert(Table<6>::kCapacity <= kThreads, "step_increment_kernel: one thread per tensor of a table");
-
 // ---- host side
 
-// Fills tables with the non-empty tensors of the lists, in order, and calls launch(table,
-// blocks) for each full table and for the last one. lists[r] may be NULL (role absent).
-template <int R, typename Launch>
-orthopt_status for_each_table(int64_t count, const int64_t* numel, const std::array<const void* const*, R>& lists,
-                              const double* factor, Launch&& launch, int64_t chunk = kChunk) {
-  Table<R> t{};
-  int64_t blocks = 0;
-  for (int64_t j = 0; j < count; ++j) {
-    if (numel[j] == 0) continue;
-    const int64_t chunks = (numel[j] + chunk - 1) / chunk;
-    if (t.count > 0 && (t.count == Table<R>::kCapacity || blocks + chunks > kMaxBlocks)) {
-      ORTHOPT_STATUS_TRY(launch(t, blocks));
-      t.count = 0;
-      blocks = 0;
-    }
-    const int c = t.count;
-    for (int r = 0; r < R; ++r) t.ptr[r][c] = lists[r] ? const_cast<void*>(lists[r][j]) : nullptr;
-    t.numel[c] = numel[j];
-    t.factor[c] = factor ? factor[j] : 1.0;
-    t.block_start[c] = static_cast<int>(blocks);
-    blocks += chunks;
-    t.block_start[c + 1] = static_cast<int>(blocks);
-    t.count = c + 1;
-  }
-  if (t.count > 0) ORTHOPT_STATUS_TRY(launch(t, blocks));
-  return ORTHOPT_OK;
-}
-
 // Hyperparameters rounded to fp32 once, as ATen rounds a Scalar.
-MomentumArgs momentum_args(double mu, double grad_weight, int nesterov, orthopt_dtype momentum_dtype,
-                           orthopt_dtype grad_dtype, orthopt_dtype out_dtype, const uint8_t* keep) {
-  return {static_cast<float>(mu), static_cast<float>(grad_weight), nesterov ? 1 : 0, momentum_dtype, grad_dtype,
+MomentumArgs momentum_args(const orthopt_momentum_params& p, orthopt_dtype momentum_dtype, orthopt_dtype grad_dtype,
+                           orthopt_dtype out_dtype, const uint8_t* keep) {
+  return {static_cast<float>(p.mu), static_cast<float>(p.grad_weight), p.nesterov ? 1 : 0, momentum_dtype, grad_dtype,
           out_dtype, keep};
 }
 
 bool valid_elementwise_dtype(orthopt_dtype t) { return t == ORTHOPT_FP32 || t == ORTHOPT_BF16 || t == ORTHOPT_FP16; }
 
-orthopt_status check_sizes(const char* fn, int64_t count, const int64_t* numel) {
-  if (count < 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'count' must be >= 0, got %lld", fn, (long long)count);
-  if (count > 0 && !numel) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' must not be NULL", fn);
-  for (int64_t i = 0; i < count; ++i)
-    if (numel[i] < 0 || numel[i] > kMaxNumel)
-      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is outside [0, %lld]", fn, (long long)i,
-                  (long long)numel[i], (long long)kMaxNumel);
+// The first list of a call: its count and element counts.
+orthopt_status check_sizes(const char* fn, const char* what, const orthopt_tensor_list& first) {
+  if (first.count < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s': 'count' must be >= 0, got %lld", fn, what,
+                (long long)first.count);
+  if (first.count > 0 && !first.numel)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s': 'numel' must not be NULL", fn, what);
+  for (int64_t i = 0; i < first.count; ++i)
+    if (first.numel[i] < 0 || first.numel[i] > kMaxNumel)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s': 'numel' [%lld] = %lld is outside [0, %lld]", fn, what,
+                  (long long)i, (long long)first.numel[i], (long long)kMaxNumel);
   return ORTHOPT_OK;
 }
 
-// Every tensor holds whole rows of cols (> 0) elements (the row kernels and the row scales).
-orthopt_status check_whole_rows(const char* fn, int64_t count, const int64_t* numel, int64_t cols) {
-  for (int64_t i = 0; i < count; ++i)
-    if (numel[i] % cols != 0)
+// Every tensor holds whole rows of cols (> 0) elements (the row kernels, row scales, row maps).
+orthopt_status check_whole_rows(const char* fn, const orthopt_tensor_list& first, int64_t cols) {
+  for (int64_t i = 0; i < first.count; ++i)
+    if (first.numel[i] % cols != 0)
       return fail(ORTHOPT_ERR_INVALID, "%s: argument 'numel' [%lld] = %lld is not a multiple of cols = %lld", fn,
-                  (long long)i, (long long)numel[i], (long long)cols);
+                  (long long)i, (long long)first.numel[i], (long long)cols);
   return ORTHOPT_OK;
 }
 
-// A list: the array must exist and hold a pointer for every non-empty tensor; its dtype valid.
-orthopt_status check_list(const char* fn, const char* what, int64_t count, const int64_t* numel,
-                          const void* const* list, orthopt_dtype dtype) {
-  if (!list) return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' must not be NULL", fn, what);
-  for (int64_t i = 0; i < count; ++i)
-    if (numel[i] > 0 && !list[i])
+// What a list's element counts must be, given the first list's n (tensor by tensor).
+enum class Size {
+  kSame,       // n
+  kRows,       // n / cols: one per row (statistics, row scales, row maps)
+  kOne,        // 1 (step counts)
+  kWholeRows,  // any multiple of cols (a compact direction)
+};
+
+// A list of a call: present (unless `optional`), the first list's count, a pointer for every
+// tensor that is non-empty in the first list, its element counts as `size` says where given, a
+// valid dtype where `typed`. An absent optional list passes.
+orthopt_status check_list(const char* fn, const char* what, const orthopt_tensor_list& first,
+                          const orthopt_tensor_list& l, bool optional = false, Size size = Size::kSame,
+                          int64_t cols = 1, bool typed = true) {
+  if (!l.data) {
+    if (optional) return ORTHOPT_OK;
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' must not be NULL", fn, what);
+  }
+  if (l.count != first.count)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' has %lld tensors, expected %lld", fn, what, (long long)l.count,
+                (long long)first.count);
+  for (int64_t i = 0; i < first.count; ++i) {
+    const int64_t n = first.numel[i];
+    if (n > 0 && !l.data[i])
       return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s' has a NULL pointer at index %lld", fn, what, (long long)i);
-  if (!valid_elementwise_dtype(dtype))
+    if (!l.numel || n == 0) continue;
+    const int64_t got = l.numel[i];
+    const int64_t want = size == Size::kSame ? n : (size == Size::kRows ? n / cols : (size == Size::kOne ? 1 : -1));
+    const bool ok = want >= 0 ? got == want : got >= 0 && got % cols == 0;
+    if (!ok)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument '%s': 'numel' [%lld] = %lld, expected %s%lld", fn, what,
+                  (long long)i, (long long)got, want >= 0 ? "" : "a multiple of ",
+                  (long long)(want >= 0 ? want : cols));
+  }
+  if (typed && !valid_elementwise_dtype(l.dtype))
     return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument '%s' must be fp32, bf16 or fp16, got %d", fn, what,
-                static_cast<int>(dtype));
+                static_cast<int>(l.dtype));
   return ORTHOPT_OK;
 }
 
-Decay make_decay(const double* lr, double weight_decay, int cautious) {
-  return {lr, weight_decay, weight_decay == 0.0 ? 0 : (cautious ? 2 : 1)};
+orthopt_status check_decay(const char* fn, const orthopt_decay_params& d) {
+  if (!d.lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
+  return ORTHOPT_OK;
+}
+
+Decay make_decay(const orthopt_decay_params& d) {
+  return {d.lr, d.weight_decay, d.weight_decay == 0.0 ? 0 : (d.cautious ? 2 : 1)};
 }
 
 }  // namespace
@@ -914,53 +660,43 @@ Decay make_decay(const double* lr, double weight_decay, int cautious) {
 
 using namespace orthopt_k;
 
-extern "C" orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void* const* momentum,
-                                                 orthopt_dtype momentum_dtype, const void* const* grad,
-                                                 orthopt_dtype grad_dtype, void* const* out, orthopt_dtype out_dtype,
-                                                 double mu, double grad_weight, int nesterov, const uint8_t* keep,
-                                                 cudaStream_t stream) {
+extern "C" orthopt_status orthopt_multi_momentum(orthopt_tensor_list momentum, orthopt_tensor_list grad,
+                                                 orthopt_tensor_list out, orthopt_momentum_params params,
+                                                 const uint8_t* keep, cudaStream_t stream) {
   const char* fn = "orthopt_multi_momentum";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
-  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  if (out) ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
-  else out_dtype = ORTHOPT_FP32;  // never written
-  const MomentumArgs args = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
-  return for_each_table<3>(count, numel, {momentum, grad, out}, nullptr,
-                           [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
-                             momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             return ORTHOPT_OK;
-                           });
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "momentum", momentum));
+  if (momentum.count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", momentum, momentum));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", momentum, grad));
+  ORTHOPT_STATUS_TRY(check_list(fn, "out", momentum, out, /*optional=*/true));
+  const MomentumOp op{{}, static_cast<float>(params.mu), static_cast<float>(params.grad_weight),
+                      params.nesterov ? 1 : 0};
+  return apply<3>({momentum, grad, out}, nullptr, op, keep, stream);
 }
 
-extern "C" orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, int64_t cols,
-                                                      void* const* momentum, orthopt_dtype momentum_dtype,
-                                                      const void* const* grad, orthopt_dtype grad_dtype,
-                                                      void* const* out, orthopt_dtype out_dtype, double mu,
-                                                      double grad_weight, int nesterov, orthopt_row_stat stat,
-                                                      float* const* stats, const uint8_t* keep, cudaStream_t stream) {
+extern "C" orthopt_status orthopt_multi_momentum_rows(orthopt_tensor_list momentum, orthopt_tensor_list grad,
+                                                      orthopt_tensor_list out, orthopt_tensor_list stats, int64_t cols,
+                                                      orthopt_momentum_params params, orthopt_row_stat stat,
+                                                      const uint8_t* keep, cudaStream_t stream) {
   const char* fn = "orthopt_multi_momentum_rows";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "momentum", momentum));
+  if (momentum.count == 0) return ORTHOPT_OK;
   if (cols < 1 || cols > (int64_t(1) << 30))
     return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be in [1, 2^30], got %lld", fn, (long long)cols);
-  ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
+  ORTHOPT_STATUS_TRY(check_whole_rows(fn, momentum, cols));
   if (stat != ORTHOPT_ROW_L1_MOMENTUM && stat != ORTHOPT_ROW_SUMSQ_OUT)
     return fail(ORTHOPT_ERR_INVALID, "%s: unknown argument 'stat' %d", fn, int(stat));
-  if (stat == ORTHOPT_ROW_L1_MOMENTUM && out)
-    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'out' must be NULL with stat = ORTHOPT_ROW_L1_MOMENTUM", fn);
-  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", count, numel, momentum, momentum_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  if (out) ORTHOPT_STATUS_TRY(check_list(fn, "out", count, numel, out, out_dtype));
-  else out_dtype = ORTHOPT_FP32;  // the statistic of an output that is not stored: fp32 values
-  ORTHOPT_STATUS_TRY(check_list(fn, "stats", count, numel, reinterpret_cast<const void* const*>(stats),
-                                ORTHOPT_FP32));
-  const MomentumRowsArgs args{momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep),
-                              cols, stat};
+  if (stat == ORTHOPT_ROW_L1_MOMENTUM && out.data)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'out' must be absent with stat = ORTHOPT_ROW_L1_MOMENTUM", fn);
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", momentum, momentum));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", momentum, grad));
+  ORTHOPT_STATUS_TRY(check_list(fn, "out", momentum, out, /*optional=*/true));
+  ORTHOPT_STATUS_TRY(check_list(fn, "stats", momentum, stats, false, Size::kRows, cols, /*typed=*/false));
+  // Without an output, the statistic is that of fp32 values that are not stored.
+  const MomentumRowsArgs args{
+      momentum_args(params, momentum.dtype, grad.dtype, out.data ? out.dtype : ORTHOPT_FP32, keep), cols, stat};
   return for_each_table<4>(
-      count, numel, {momentum, grad, out, reinterpret_cast<const void* const*>(stats)}, nullptr,
+      {momentum, grad, out, stats}, nullptr,
       [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
         momentum_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
         ORTHOPT_CUDA_TRY(cudaGetLastError());
@@ -1033,16 +769,18 @@ bool ns_fits(const NsLaunch& l, int64_t rows, int64_t cols) {
 }  // namespace
 }  // namespace orthopt_k
 
-extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) { return ns_fits(ns_launch(), rows, cols) ? 1 : 0; }
+extern "C" int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols) {
+  return ns_fits(ns_launch(), rows, cols) ? 1 : 0;
+}
 
-extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t cols, void* const* momentum,
-                                                    orthopt_dtype momentum_dtype, const void* const* grad,
-                                                    orthopt_dtype grad_dtype, void* out, orthopt_dtype out_dtype,
-                                                    double mu, double grad_weight, int nesterov, float safety,
-                                                    float eps, float* row_sumsq, unsigned int* arrived,
-                                                    const uint8_t* keep, cudaStream_t stream) {
+extern "C" orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum, orthopt_tensor_list grad,
+                                                    int64_t rows, int64_t cols, void* out, orthopt_dtype out_dtype,
+                                                    orthopt_ns_input_params params, float* row_sumsq,
+                                                    unsigned int* arrived, const uint8_t* keep, cudaStream_t stream) {
   const char* fn = "orthopt_momentum_ns_input";
-  if (batch < 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be >= 0, got %lld", fn, (long long)batch);
+  const int64_t batch = momentum.count;
+  if (batch < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: argument 'momentum': 'count' must be >= 0, got %lld", fn, (long long)batch);
   if (batch == 0) return ORTHOPT_OK;
   const NsLaunch l = ns_launch();
   if (!ns_fits(l, rows, cols))
@@ -1050,9 +788,10 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
                 "%s: matrices [%lld, %lld] do not fit (cols a multiple of 4, one matrix within the blocks' shared "
                 "memory, cooperative launch): check orthopt_momentum_ns_input_fits first",
                 fn, (long long)rows, (long long)cols);
-  std::vector<int64_t> numel(static_cast<size_t>(batch), rows * cols);
-  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", batch, numel.data(), momentum, momentum_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "grad", batch, numel.data(), grad, grad_dtype));
+  const std::vector<int64_t> numel(static_cast<size_t>(batch), rows * cols);
+  const orthopt_tensor_list shape{batch, numel.data(), momentum.data, momentum.dtype};  // every matrix rows·cols
+  ORTHOPT_STATUS_TRY(check_list(fn, "momentum", shape, momentum));
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", shape, grad));
   if (out_dtype != ORTHOPT_BF16 && out_dtype != ORTHOPT_FP16)
     return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument 'out' must be bf16 or fp16, got %d", fn,
                 static_cast<int>(out_dtype));
@@ -1062,11 +801,11 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'arrived' must not be NULL", fn);
   const int64_t grid = std::min(l.blocks, rows);
   MomentumNsArgs args{};
-  args.momentum = momentum_args(mu, grad_weight, nesterov, momentum_dtype, grad_dtype, out_dtype, keep);
+  args.momentum = momentum_args(params.momentum, momentum.dtype, grad.dtype, out_dtype, keep);
   args.rows = rows;
   args.cols = cols;
-  args.safety = safety;
-  args.eps = eps;
+  args.safety = params.safety;
+  args.eps = params.eps;
   const size_t out_bytes = static_cast<size_t>(rows * cols) * 2;
   for (int64_t first = 0; first < batch; first += kNsMaxMats) {
     const int64_t n = std::min<int64_t>(kNsMaxMats, batch - first);
@@ -1076,8 +815,8 @@ extern "C" orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows,
     args.arrived = arrived + first;
     args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
     for (int64_t j = 0; j < n; ++j) {
-      args.momentum_ptr[j] = momentum[first + j];
-      args.grad_ptr[j] = grad[first + j];
+      args.momentum_ptr[j] = momentum.data[first + j];
+      args.grad_ptr[j] = grad.data[first + j];
     }
     ORTHOPT_CUDA_TRY(cudaMemsetAsync(args.arrived, 0, static_cast<size_t>(n) * sizeof(unsigned int), stream));
     cudaLaunchConfig_t cfg{};
@@ -1110,146 +849,94 @@ extern "C" orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t ro
   return ORTHOPT_OK;
 }
 
-extern "C" orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
-                                               orthopt_dtype weight_dtype, const void* const* direction,
-                                               orthopt_dtype direction_dtype, void* const* param_out,
-                                               orthopt_dtype param_dtype, const double* factor,
-                                               const float* const* row_scale, int64_t cols, const double* lr,
-                                               double weight_decay, int cautious, const uint8_t* keep,
+extern "C" orthopt_status orthopt_multi_update(orthopt_tensor_list weight, orthopt_tensor_list direction,
+                                               orthopt_tensor_list param_out, orthopt_tensor_list row_scale,
+                                               orthopt_update_params params, const uint8_t* keep,
                                                cudaStream_t stream) {
   const char* fn = "orthopt_multi_update";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
-  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
-  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
-  std::vector<const void*> scales;
-  if (row_scale) {
-    if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0 with row_scale, got %lld", fn,
-                               (long long)cols);
-    ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
-    scales.assign(row_scale, row_scale + count);
-    ORTHOPT_STATUS_TRY(check_list(fn, "row_scale", count, numel, scales.data(), ORTHOPT_FP32));
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "weight", weight));
+  if (weight.count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", weight, weight));
+  ORTHOPT_STATUS_TRY(check_list(fn, "direction", weight, direction));
+  ORTHOPT_STATUS_TRY(check_list(fn, "param_out", weight, param_out, /*optional=*/true));
+  const bool scaled = row_scale.data != nullptr;
+  if (scaled) {
+    if (params.cols <= 0)
+      return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0 with row_scale, got %lld", fn,
+                  (long long)params.cols);
+    ORTHOPT_STATUS_TRY(check_whole_rows(fn, weight, params.cols));
+    ORTHOPT_STATUS_TRY(check_list(fn, "row_scale", weight, row_scale, false, Size::kRows, params.cols, false));
   }
-  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const UpdateArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype,
-                        row_scale ? cols : 1, keep};
-  if (row_scale)
-    return for_each_table<4>(count, numel, {weight, direction, param_out, scales.data()}, factor,
-                             [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
-                               update_kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                               ORTHOPT_CUDA_TRY(cudaGetLastError());
-                               return ORTHOPT_OK;
-                             });
-  return for_each_table<3>(count, numel, {weight, direction, param_out}, factor,
-                           [&](const Table<3>& t, int64_t blocks) -> orthopt_status {
-                             update_kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             return ORTHOPT_OK;
-                           });
+  ORTHOPT_STATUS_TRY(check_decay(fn, params.decay));
+  const Decay decay = make_decay(params.decay);
+  if (scaled) return apply<4>({weight, direction, param_out, row_scale}, params.factor,
+                              UpdateOp<true>{{{}, decay, params.cols}}, keep, stream);
+  return apply<3>({weight, direction, param_out}, params.factor, UpdateOp<false>{{{}, decay, 1}}, keep, stream);
 }
 
-extern "C" orthopt_status orthopt_multi_update_selected(int64_t count, const int64_t* numel, void* const* weight,
-                                                        orthopt_dtype weight_dtype, const void* const* direction,
-                                                        orthopt_dtype direction_dtype, const int32_t* const* row_map,
-                                                        int64_t cols, void* const* param_out, orthopt_dtype param_dtype,
-                                                        const double* factor, const double* lr, double weight_decay,
-                                                        int cautious, const uint8_t* keep, cudaStream_t stream) {
+extern "C" orthopt_status orthopt_multi_update_selected(orthopt_tensor_list weight, orthopt_tensor_list direction,
+                                                        orthopt_tensor_list row_map, orthopt_tensor_list param_out,
+                                                        orthopt_update_params params, const uint8_t* keep,
+                                                        cudaStream_t stream) {
   const char* fn = "orthopt_multi_update_selected";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "weight", weight));
+  if (weight.count == 0) return ORTHOPT_OK;
+  const int64_t cols = params.cols;
   if (cols <= 0) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'cols' must be > 0, got %lld", fn, (long long)cols);
-  ORTHOPT_STATUS_TRY(check_whole_rows(fn, count, numel, cols));
-  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "direction", count, numel, direction, direction_dtype));
-  if (!row_map) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'row_map' must not be NULL", fn);
-  const std::vector<const void*> maps(row_map, row_map + count);
-  ORTHOPT_STATUS_TRY(check_list(fn, "row_map", count, numel, maps.data(), ORTHOPT_FP32));  // pointers only
-  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
-  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const UpdateSelectedArgs args{make_decay(lr, weight_decay, cautious), weight_dtype, direction_dtype, param_dtype,
-                                cols, keep};
-  return for_each_table<4>(count, numel, {weight, direction, param_out, maps.data()}, factor,
-                           [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
-                             update_selected_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             return ORTHOPT_OK;
-                           });
+  ORTHOPT_STATUS_TRY(check_whole_rows(fn, weight, cols));
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", weight, weight));
+  ORTHOPT_STATUS_TRY(check_list(fn, "direction", weight, direction, false, Size::kWholeRows, cols));
+  ORTHOPT_STATUS_TRY(check_list(fn, "row_map", weight, row_map, false, Size::kRows, cols, /*typed=*/false));
+  ORTHOPT_STATUS_TRY(check_list(fn, "param_out", weight, param_out, /*optional=*/true));
+  ORTHOPT_STATUS_TRY(check_decay(fn, params.decay));
+  const UpdateSelectedOp op{{{}, make_decay(params.decay), cols}, direction.dtype};
+  return apply<4>({weight, direction, param_out, row_map}, params.factor, op, keep, stream);
 }
 
-extern "C" orthopt_status orthopt_multi_adamw(int64_t count, const int64_t* numel, const void* const* grad,
-                                              orthopt_dtype grad_dtype, void* const* exp_avg,
-                                              void* const* exp_avg_sq, orthopt_dtype state_dtype, float* const* step,
-                                              void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
-                                              orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
-                                              double eps, double weight_decay, int cautious, const uint8_t* keep,
-                                              cudaStream_t stream) {
+extern "C" orthopt_status orthopt_multi_adamw(orthopt_tensor_list grad, orthopt_tensor_list exp_avg,
+                                              orthopt_tensor_list exp_avg_sq, orthopt_tensor_list step,
+                                              orthopt_tensor_list weight, orthopt_tensor_list param_out,
+                                              orthopt_adamw_params params, const uint8_t* keep, cudaStream_t stream) {
   const char* fn = "orthopt_multi_adamw";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
-  if (!step) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'step' must not be NULL", fn);
-  const std::vector<const void*> steps(step, step + count);  // as untyped pointers, like the other lists
-  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", count, numel, exp_avg, state_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg_sq", count, numel, exp_avg_sq, state_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "step", count, numel, steps.data(), ORTHOPT_FP32));
-  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
-  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
-  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const AdamWArgs args{make_decay(lr, weight_decay, cautious),
-                       beta1,
-                       beta2,
-                       static_cast<float>(beta1),
-                       static_cast<float>(1.0 - beta1),
-                       static_cast<float>(beta2),
-                       static_cast<float>(1.0 - beta2),
-                       static_cast<float>(eps),
-                       grad_dtype,
-                       state_dtype,
-                       weight_dtype,
-                       param_dtype,
-                       keep};
-  return for_each_table<6>(count, numel,
-                           {grad, exp_avg, exp_avg_sq, steps.data(), weight, param_out},
-                           nullptr, [&](const Table<6>& t, int64_t blocks) -> orthopt_status {
-                             adamw_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             step_increment_kernel<<<1, kThreads, 0, stream>>>(t, keep);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             return ORTHOPT_OK;
-                           });
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "grad", grad));
+  if (grad.count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", grad, grad));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", grad, exp_avg));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg_sq", grad, exp_avg_sq));
+  ORTHOPT_STATUS_TRY(check_list(fn, "step", grad, step, false, Size::kOne, 1, /*typed=*/false));
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", grad, weight));
+  ORTHOPT_STATUS_TRY(check_list(fn, "param_out", grad, param_out, /*optional=*/true));
+  ORTHOPT_STATUS_TRY(check_decay(fn, params.decay));
+  const AdamWOp op{{},
+                   make_decay(params.decay),
+                   params.beta1,
+                   params.beta2,
+                   static_cast<float>(params.beta1),
+                   static_cast<float>(1.0 - params.beta1),
+                   static_cast<float>(params.beta2),
+                   static_cast<float>(1.0 - params.beta2),
+                   static_cast<float>(params.eps)};
+  return apply<6>({grad, exp_avg, exp_avg_sq, step, weight, param_out}, nullptr, op, keep, stream);
 }
 
-extern "C" orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel, const void* const* grad,
-                                             orthopt_dtype grad_dtype, void* const* exp_avg, orthopt_dtype state_dtype,
-                                             void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
-                                             orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
-                                             double weight_decay, int cautious, const uint8_t* keep,
-                                             cudaStream_t stream) {
+extern "C" orthopt_status orthopt_multi_lion(orthopt_tensor_list grad, orthopt_tensor_list exp_avg,
+                                             orthopt_tensor_list weight, orthopt_tensor_list param_out,
+                                             orthopt_lion_params params, const uint8_t* keep, cudaStream_t stream) {
   const char* fn = "orthopt_multi_lion";
-  ORTHOPT_STATUS_TRY(check_sizes(fn, count, numel));
-  if (count == 0) return ORTHOPT_OK;
-  ORTHOPT_STATUS_TRY(check_list(fn, "grad", count, numel, grad, grad_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", count, numel, exp_avg, state_dtype));
-  ORTHOPT_STATUS_TRY(check_list(fn, "weight", count, numel, weight, weight_dtype));
-  if (param_out) ORTHOPT_STATUS_TRY(check_list(fn, "param_out", count, numel, param_out, param_dtype));
-  if (!lr) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'lr' must not be NULL", fn);
-  const LionArgs args{make_decay(lr, weight_decay, cautious),
-                      static_cast<float>(beta1),
-                      static_cast<float>(1.0 - beta1),
-                      static_cast<float>(beta2),
-                      static_cast<float>(1.0 - beta2),
-                      grad_dtype,
-                      state_dtype,
-                      weight_dtype,
-                      param_dtype,
-                      keep};
-  return for_each_table<4>(count, numel, {grad, exp_avg, weight, param_out}, nullptr,
-                           [&](const Table<4>& t, int64_t blocks) -> orthopt_status {
-                             lion_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, args);
-                             ORTHOPT_CUDA_TRY(cudaGetLastError());
-                             return ORTHOPT_OK;
-                           });
+  ORTHOPT_STATUS_TRY(check_sizes(fn, "grad", grad));
+  if (grad.count == 0) return ORTHOPT_OK;
+  ORTHOPT_STATUS_TRY(check_list(fn, "grad", grad, grad));
+  ORTHOPT_STATUS_TRY(check_list(fn, "exp_avg", grad, exp_avg));
+  ORTHOPT_STATUS_TRY(check_list(fn, "weight", grad, weight));
+  ORTHOPT_STATUS_TRY(check_list(fn, "param_out", grad, param_out, /*optional=*/true));
+  ORTHOPT_STATUS_TRY(check_decay(fn, params.decay));
+  const LionOp op{{},
+                  make_decay(params.decay),
+                  static_cast<float>(params.beta1),
+                  static_cast<float>(1.0 - params.beta1),
+                  static_cast<float>(params.beta2),
+                  static_cast<float>(1.0 - params.beta2)};
+  return apply<4>({grad, exp_avg, weight, param_out}, nullptr, op, keep, stream);
 }
 
 extern "C" orthopt_status orthopt_normuon_factors(int64_t batch, int64_t rows, int64_t cols, const void* u,

@@ -82,21 +82,37 @@ std::map<std::vector<int>, std::vector<size_t>> by_dtypes(const std::vector<List
   return groups;
 }
 
-std::vector<int64_t> numels(const std::vector<at::Tensor>& list, const std::vector<size_t>& idx) {
-  std::vector<int64_t> out;
-  for (size_t i : idx) out.push_back(list[i].numel());
-  return out;
-}
+// The dtype code of an optional list's group entry; absent lists are passed as fp32 (unused).
+orthopt_dtype dtype_or_fp32(int code) { return code == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(code); }
 
-// The device pointers of a list at idx; empty (passed as NULL) when the list is absent there.
-std::vector<void*> pointers(const List& l, const std::vector<size_t>& idx) {
-  std::vector<void*> out;
-  if (!l.optional || present(l, idx[0]))  // a group holds only present or only absent entries
-    for (size_t i : idx) out.push_back((*l.tensors)[i].data_ptr());
-  return out;
-}
+// The tensor-list descriptors of one kernel call: list k holds the tensors of lists[k] at idx
+// (element counts, device pointers, the group's dtype), absent (data NULL) where the group has
+// none there.
+class Descriptors {
+ public:
+  Descriptors(const std::vector<List>& lists, const std::vector<int>& dtypes, const std::vector<size_t>& idx)
+      : bufs_(lists.size()) {
+    for (size_t k = 0; k < lists.size(); ++k) {
+      Buf& b = bufs_[k];
+      if (!lists[k].optional || present(lists[k], idx[0]))  // a group holds only present or only absent entries
+        for (size_t i : idx) {
+          b.numel.push_back((*lists[k].tensors)[i].numel());
+          b.data.push_back((*lists[k].tensors)[i].data_ptr());
+        }
+      b.list = {static_cast<int64_t>(idx.size()), b.numel.data(), b.data.empty() ? nullptr : b.data.data(),
+                dtype_or_fp32(dtypes[k])};
+    }
+  }
+  const orthopt_tensor_list& operator[](size_t k) const { return bufs_[k].list; }
 
-void** data_or_null(std::vector<void*>& v) { return v.empty() ? nullptr : v.data(); }
+ private:
+  struct Buf {
+    std::vector<int64_t> numel;
+    std::vector<void*> data;
+    orthopt_tensor_list list{};
+  };
+  std::vector<Buf> bufs_;  // sized once: the descriptors point into its vectors
+};
 
 const uint8_t* keep_pointer(const at::Tensor& keep, const at::Device& device, const char* fn) {
   if (!keep.defined()) return nullptr;
@@ -126,9 +142,6 @@ struct Launch {
         keep(keep_pointer(keep_flag, device, fn)),
         lr(lr_tensor ? lr_pointer(*lr_tensor, device, fn) : nullptr) {}
 };
-
-// The dtype code of an optional list's group entry; absent lists are passed as fp32 (unused).
-orthopt_dtype dtype_or_fp32(int code) { return code == kAbsent ? ORTHOPT_FP32 : static_cast<orthopt_dtype>(code); }
 
 // factors[i] for i in idx.
 std::vector<double> picked(const std::vector<double>& factors, const std::vector<size_t>& idx) {
@@ -173,18 +186,11 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
   }
   if (momenta.empty()) return;
   const Launch launch(momenta[0].device(), keep, nullptr, fn);
+  const orthopt_row_stat kernel_stat = stat == RowStat::L1OfMomentum ? ORTHOPT_ROW_L1_MOMENTUM : ORTHOPT_ROW_SUMSQ_OUT;
   for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(momenta, idx);
-    auto M = pointers(lists[0], idx), G = pointers(lists[1], idx), O = pointers(lists[2], idx),
-         S = pointers(lists[3], idx);
-    std::vector<float*> stat_ptrs;
-    for (void* p : S) stat_ptrs.push_back(static_cast<float*>(p));
-    check_status(orthopt_multi_momentum_rows(
-                     static_cast<int64_t>(idx.size()), numel.data(), cols, M.data(), static_cast<orthopt_dtype>(dt[0]),
-                     G.data(), static_cast<orthopt_dtype>(dt[1]), data_or_null(O), dtype_or_fp32(dt[2]), mu,
-                     grad_weight, nesterov ? 1 : 0,
-                     stat == RowStat::L1OfMomentum ? ORTHOPT_ROW_L1_MOMENTUM : ORTHOPT_ROW_SUMSQ_OUT,
-                     stat_ptrs.data(), launch.keep, launch.stream),
+    const Descriptors d(lists, dt, idx);
+    check_status(orthopt_multi_momentum_rows(d[0], d[1], d[2], d[3], cols, {mu, grad_weight, nesterov ? 1 : 0},
+                                             kernel_stat, launch.keep, launch.stream),
                  "orthopt_multi_momentum_rows");
   }
 }
@@ -227,18 +233,15 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
                 i, "] has ", momenta[i].numel(), " elements on ", momenta[i].device(), ", expected ", rows * cols,
                 " on ", out.device());
   const Launch launch(out.device(), keep, nullptr, fn);
-  const std::vector<size_t>& all = groups.begin()->second;
-  const std::vector<int>& dt = groups.begin()->first;
-  auto M = pointers(lists[0], all), G = pointers(lists[1], all);
+  const Descriptors d(lists, groups.begin()->first, groups.begin()->second);
   const at::Tensor row_sumsq = at::empty({out.size(0), rows}, out.options().dtype(at::kFloat));
   const at::Tensor arrived = at::empty({out.size(0)}, out.options().dtype(at::kInt));
   // Scalars rounded to fp32 as scale_cast rounds them (static_cast: to nearest).
-  check_status(orthopt_momentum_ns_input(out.size(0), rows, cols, M.data(), static_cast<orthopt_dtype>(dt[0]),
-                                         const_cast<const void* const*>(G.data()), static_cast<orthopt_dtype>(dt[1]),
-                                         out.data_ptr(), kernel_dtype(out.scalar_type()), mu, grad_weight,
-                                         nesterov ? 1 : 0, static_cast<float>(safety), static_cast<float>(eps),
-                                         row_sumsq.data_ptr<float>(), static_cast<unsigned int*>(arrived.data_ptr()),
-                                         launch.keep, launch.stream),
+  const orthopt_ns_input_params params{{mu, grad_weight, nesterov ? 1 : 0}, static_cast<float>(safety),
+                                       static_cast<float>(eps)};
+  check_status(orthopt_momentum_ns_input(d[0], d[1], rows, cols, out.data_ptr(), kernel_dtype(out.scalar_type()),
+                                         params, row_sumsq.data_ptr<float>(),
+                                         static_cast<unsigned int*>(arrived.data_ptr()), launch.keep, launch.stream),
                "orthopt_momentum_ns_input");
 }
 
@@ -312,17 +315,10 @@ void update(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor
   if (weights.empty()) return;
   const Launch launch(weights[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(weights, idx);
-    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx),
-         S = pointers(lists[3], idx);
-    std::vector<const float*> scales;
-    for (void* p : S) scales.push_back(static_cast<const float*>(p));
+    const Descriptors d(lists, dt, idx);  // row_scales absent unless scaled
     const auto factor = picked(factors, idx);
-    check_status(orthopt_multi_update(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
-                                      static_cast<orthopt_dtype>(dt[0]), D.data(), static_cast<orthopt_dtype>(dt[1]),
-                                      data_or_null(P), dtype_or_fp32(dt[2]), factor.data(),
-                                      scaled ? scales.data() : nullptr, cols, launch.lr, weight_decay,
-                                      cautious ? 1 : 0, launch.keep, launch.stream),
+    const orthopt_update_params params{{launch.lr, weight_decay, cautious ? 1 : 0}, factor.data(), cols};
+    check_status(orthopt_multi_update(d[0], d[1], d[2], d[3], params, launch.keep, launch.stream),
                  "orthopt_multi_update");
   }
   bump_versions(weights);
@@ -352,17 +348,10 @@ void update_selected(const std::vector<at::Tensor>& weights, const std::vector<a
   if (weights.empty()) return;
   const Launch launch(weights[0].device(), keep, &lr, fn);
   for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(weights, idx);
-    auto W = pointers(lists[0], idx), D = pointers(lists[1], idx), P = pointers(lists[2], idx),
-         R = pointers(lists[3], idx);
-    std::vector<const int32_t*> maps;
-    for (void* r : R) maps.push_back(static_cast<const int32_t*>(r));
+    const Descriptors d(lists, dt, idx);
     const auto factor = picked(factors, idx);
-    check_status(orthopt_multi_update_selected(static_cast<int64_t>(idx.size()), numel.data(), W.data(),
-                                               static_cast<orthopt_dtype>(dt[0]), D.data(),
-                                               static_cast<orthopt_dtype>(dt[1]), maps.data(), cols, data_or_null(P),
-                                               dtype_or_fp32(dt[2]), factor.data(), launch.lr, weight_decay,
-                                               cautious ? 1 : 0, launch.keep, launch.stream),
+    const orthopt_update_params params{{launch.lr, weight_decay, cautious ? 1 : 0}, factor.data(), cols};
+    check_status(orthopt_multi_update_selected(d[0], d[1], d[3], d[2], params, launch.keep, launch.stream),
                  "orthopt_multi_update_selected");
   }
   bump_versions(weights);
@@ -443,20 +432,10 @@ void adamw(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& 
   const auto groups = by_dtypes(lists, fn);
   if (grads.empty()) return;
   const Launch launch(grads[0].device(), keep, &lr, fn);
+  const orthopt_adamw_params params{{launch.lr, weight_decay, cautious ? 1 : 0}, beta1, beta2, eps};
   for (const auto& [dt, idx] : groups) {
-    // exp_avg and exp_avg_sq share one dtype in a kernel call.
-    TORCH_CHECK(dt[1] == dt[2], fn, ": arguments 'exp_avgs' and 'exp_avg_sqs' must have the same dtype per tensor");
-    const auto numel = numels(grads, idx);
-    auto G = pointers(lists[0], idx), M = pointers(lists[1], idx), V = pointers(lists[2], idx);
-    auto W = pointers(lists[4], idx), P = pointers(lists[5], idx);
-    std::vector<float*> S;
-    for (size_t i : idx) S.push_back(static_cast<float*>(steps[i].data_ptr()));
-    check_status(orthopt_multi_adamw(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
-                                     static_cast<orthopt_dtype>(dt[0]), M.data(), V.data(),
-                                     static_cast<orthopt_dtype>(dt[1]), S.data(), W.data(),
-                                     static_cast<orthopt_dtype>(dt[4]), data_or_null(P), dtype_or_fp32(dt[5]),
-                                     launch.lr, beta1, beta2, eps, weight_decay, cautious ? 1 : 0, launch.keep,
-                                     launch.stream),
+    const Descriptors d(lists, dt, idx);
+    check_status(orthopt_multi_adamw(d[0], d[1], d[2], d[3], d[4], d[5], params, launch.keep, launch.stream),
                  "orthopt_multi_adamw");
   }
   bump_versions(weights);
@@ -474,16 +453,10 @@ void lion(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& e
   const auto groups = by_dtypes(lists, fn);
   if (grads.empty()) return;
   const Launch launch(grads[0].device(), keep, &lr, fn);
+  const orthopt_lion_params params{{launch.lr, weight_decay, cautious ? 1 : 0}, beta1, beta2};
   for (const auto& [dt, idx] : groups) {
-    const auto numel = numels(grads, idx);
-    auto G = pointers(lists[0], idx), M = pointers(lists[1], idx), W = pointers(lists[2], idx);
-    auto P = pointers(lists[3], idx);
-    check_status(orthopt_multi_lion(static_cast<int64_t>(idx.size()), numel.data(), G.data(),
-                                    static_cast<orthopt_dtype>(dt[0]), M.data(), static_cast<orthopt_dtype>(dt[1]),
-                                    W.data(), static_cast<orthopt_dtype>(dt[2]), data_or_null(P), dtype_or_fp32(dt[3]),
-                                    launch.lr, beta1, beta2, weight_decay, cautious ? 1 : 0, launch.keep,
-                                    launch.stream),
-                 "orthopt_multi_lion");
+    const Descriptors d(lists, dt, idx);
+    check_status(orthopt_multi_lion(d[0], d[1], d[2], d[3], params, launch.keep, launch.stream), "orthopt_multi_lion");
   }
   bump_versions(weights);
   bump_versions(param_copies);

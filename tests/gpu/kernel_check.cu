@@ -396,6 +396,7 @@ struct List {
   List(const List&) = delete;
   List& operator=(const List&) = delete;
   ~List() { cudaFree(dev); }
+  std::vector<void*> ptrs_;  // desc()'s pointers
   double get(int64_t e) const { return decode(bytes, dt, e); }
   void set(int64_t e, double v) { encode(bytes, dt, e, static_cast<float>(v)); }
   void fill(std::mt19937& rng, double scale, bool positive = false) {
@@ -412,6 +413,11 @@ struct List {
     std::vector<void*> p;
     for (int64_t o : offset) p.push_back(dev + o * esize(dt));
     return p;
+  }
+  // The list as the C API's descriptor (valid while this List lives); absent: data NULL.
+  orthopt_tensor_list desc(bool present = true) {
+    ptrs_ = ptrs();
+    return {static_cast<int64_t>(numel.size()), numel.data(), present ? ptrs_.data() : nullptr, dt};
   }
   // Whether every gap element still holds its bytes of `before`.
   bool gaps_unchanged(const std::vector<unsigned char>& before) const {
@@ -523,10 +529,8 @@ void check_momentum(const std::vector<int64_t>& numel, orthopt_dtype dm, orthopt
   O.poison();
   const auto M0 = M.bytes, O0 = O.bytes;
   const Keep keep(keep_mode);
-  auto pm = M.ptrs(), pg = G.ptrs(), po = O.ptrs();
-  const orthopt_status st = orthopt_multi_momentum(static_cast<int64_t>(numel.size()), numel.data(), pm.data(), dm,
-                                                   pg.data(), dg, no_out ? nullptr : po.data(), dout, mu, w, nesterov,
-                                                   keep.ptr(), nullptr);
+  const orthopt_status st =
+      orthopt_multi_momentum(M.desc(), G.desc(), O.desc(!no_out), {mu, w, nesterov ? 1 : 0}, keep.ptr(), nullptr);
   if (call_failed(st, "multi momentum")) return;
   M.download();
   O.download();
@@ -570,12 +574,8 @@ void check_momentum_rows(const std::vector<int64_t>& R, int64_t cols, orthopt_dt
   S.poison();
   const auto M0 = M.bytes, O0 = O.bytes, S0 = S.bytes;
   const Keep keep(keep_mode);
-  auto pm = M.ptrs(), pg = G.ptrs(), po = O.ptrs(), ps = S.ptrs();
-  std::vector<float*> stats;
-  for (void* p : ps) stats.push_back(static_cast<float*>(p));
-  const orthopt_status st = orthopt_multi_momentum_rows(
-      static_cast<int64_t>(R.size()), numel.data(), cols, pm.data(), dm, pg.data(), dg, no_out ? nullptr : po.data(),
-      dout, mu, w, nesterov, stat, stats.data(), keep.ptr(), nullptr);
+  const orthopt_status st = orthopt_multi_momentum_rows(M.desc(), G.desc(), O.desc(!no_out), S.desc(), cols,
+                                                        {mu, w, nesterov ? 1 : 0}, stat, keep.ptr(), nullptr);
   if (call_failed(st, "multi momentum_rows")) return;
   M.download();
   O.download();
@@ -704,10 +704,14 @@ void check_update(const std::vector<int64_t>& numel, orthopt_dtype dw, orthopt_d
   }
   const DevScalar<double> lr_dev(UpdateCase::lr);
   const Keep keep(keep_mode);
-  auto pw = u.W.ptrs(), pd = u.D.ptrs(), pp = u.P.ptrs();
-  const orthopt_status st = orthopt_multi_update(
-      static_cast<int64_t>(numel.size()), numel.data(), pw.data(), dw, pd.data(), dd, copy ? pp.data() : nullptr, dp,
-      factor.data(), row_cols > 0 ? scales_dev.data() : nullptr, row_cols, lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
+  std::vector<int64_t> scale_numel;
+  for (const auto& v : scales) scale_numel.push_back(static_cast<int64_t>(v.size()));
+  std::vector<void*> scale_ptrs(scales_dev.begin(), scales_dev.end());
+  const orthopt_tensor_list row_scale{static_cast<int64_t>(numel.size()), scale_numel.data(),
+                                      row_cols > 0 ? scale_ptrs.data() : nullptr, ORTHOPT_FP32};
+  const orthopt_status st =
+      orthopt_multi_update(u.W.desc(), u.D.desc(), u.P.desc(copy), row_scale,
+                           {{lr_dev.dev, wd, cautious ? 1 : 0}, factor.data(), row_cols}, keep.ptr(), nullptr);
   for (float* d : scales_dev) cudaFree(d);
   if (call_failed(st, "multi update")) return;
   const std::string config = dts({{"W", dw}, {"D", dd}}) + (copy ? std::string("copy=") + name(dp) + " " : "") +
@@ -760,15 +764,15 @@ void check_update_selected(int64_t cols, orthopt_dtype dw, orthopt_dtype dd, boo
     CHECK_CUDA(cudaMemcpy(d, m.data(), m.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     maps_dev.push_back(d);
   }
-  const std::vector<const int32_t*> maps(maps_dev.begin(), maps_dev.end());
+  std::vector<void*> map_ptrs(maps_dev.begin(), maps_dev.end());
+  const orthopt_tensor_list maps{static_cast<int64_t>(R.size()), R.data(), map_ptrs.data(), ORTHOPT_FP32};
   std::vector<double> factor;
   for (size_t j = 0; j < R.size(); ++j) factor.push_back(0.5 + 0.25 * static_cast<double>(j));
   const DevScalar<double> lr_dev(UpdateCase::lr);
   const Keep keep(keep_mode);
-  auto pw = u.W.ptrs(), pd = u.D.ptrs(), pp = u.P.ptrs();
-  const orthopt_status st = orthopt_multi_update_selected(
-      static_cast<int64_t>(R.size()), wnumel.data(), pw.data(), dw, pd.data(), dd, maps.data(), cols,
-      copy ? pp.data() : nullptr, dp, factor.data(), lr_dev.dev, wd, cautious, keep.ptr(), nullptr);
+  const orthopt_status st =
+      orthopt_multi_update_selected(u.W.desc(), u.D.desc(), maps, u.P.desc(copy),
+                                    {{lr_dev.dev, wd, cautious ? 1 : 0}, factor.data(), cols}, keep.ptr(), nullptr);
   for (int32_t* d : maps_dev) cudaFree(d);
   if (call_failed(st, "multi update selected")) return;
   const std::string config = dts({{"W", dw}, {"D", dd}}) + "cols=" + std::to_string(cols) + " " +
@@ -807,12 +811,8 @@ struct AdamWLists {
     for (List* l : {&G, &M, &V, &S, &W, &P}) l->download();
   }
   orthopt_status run(bool copy, const double* lr, double wd, bool cautious, const uint8_t* keep, cudaStream_t stream) {
-    auto pg = G.ptrs(), pm = M.ptrs(), pv = V.ptrs(), pw = W.ptrs(), pp = P.ptrs(), ps_raw = S.ptrs();
-    std::vector<float*> ps;
-    for (void* p : ps_raw) ps.push_back(static_cast<float*>(p));
-    return orthopt_multi_adamw(static_cast<int64_t>(G.numel.size()), G.numel.data(), pg.data(), G.dt, pm.data(),
-                               pv.data(), M.dt, ps.data(), pw.data(), W.dt, copy ? pp.data() : nullptr, P.dt, lr, 0.9,
-                               0.95, 1e-8, wd, cautious, keep, stream);
+    return orthopt_multi_adamw(G.desc(), M.desc(), V.desc(), S.desc(), W.desc(), P.desc(copy),
+                               {{lr, wd, cautious ? 1 : 0}, 0.9, 0.95, 1e-8}, keep, stream);
   }
 };
 
@@ -880,10 +880,8 @@ void check_lion(const std::vector<int64_t>& numel, orthopt_dtype dg, orthopt_dty
   const auto M0 = M.bytes, W0 = W.bytes, P0 = P.bytes;
   const DevScalar<double> lr_dev(lr);
   const Keep keep(keep_mode);
-  auto pg = G.ptrs(), pm = M.ptrs(), pw = W.ptrs(), pp = P.ptrs();
-  const orthopt_status st =
-      orthopt_multi_lion(static_cast<int64_t>(numel.size()), numel.data(), pg.data(), dg, pm.data(), ds, pw.data(), dw,
-                         copy ? pp.data() : nullptr, dp, lr_dev.dev, b1, b2, wd, cautious, keep.ptr(), nullptr);
+  const orthopt_status st = orthopt_multi_lion(G.desc(), M.desc(), W.desc(), P.desc(copy),
+                                               {{lr_dev.dev, wd, cautious ? 1 : 0}, b1, b2}, keep.ptr(), nullptr);
   if (call_failed(st, "multi lion")) return;
   for (List* l : {&M, &W, &P}) l->download();
   const std::string config = dts({{"G", dg}, {"state", ds}, {"W", dw}}) +
@@ -1133,36 +1131,54 @@ void check_multi_errors() {
   void* list[2] = {p, nullptr};
   void* full[2] = {p, p};
   auto has = [](const char* s) { return std::strstr(orthopt_last_error(), s) != nullptr; };
-  orthopt_status st = orthopt_multi_momentum(-1, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32,
-                                             0.9, 1.0, 0, nullptr, nullptr);
-  const bool ok1 = st == ORTHOPT_ERR_INVALID && has("'count'");
-  st = orthopt_multi_momentum(2, numel, full, ORTHOPT_FP32, list, ORTHOPT_FP32, full, ORTHOPT_FP32, 0.9, 1.0, 0,
-                              nullptr, nullptr);
+  auto L = [&](void** data, orthopt_dtype dt = ORTHOPT_FP32, const int64_t* n = nullptr, int64_t count = 2) {
+    return orthopt_tensor_list{count, n, data, dt};
+  };
+  const orthopt_tensor_list absent{};
+  const orthopt_momentum_params mp{0.9, 1.0, 0};
+  const double* lr = reinterpret_cast<const double*>(p);
+  orthopt_status st = orthopt_multi_momentum(L(full, ORTHOPT_FP32, numel, -1), L(full), L(full), mp, nullptr, nullptr);
+  bool ok1 = st == ORTHOPT_ERR_INVALID && has("'count'");
+  st = orthopt_multi_momentum(L(full, ORTHOPT_FP32, numel), L(full, ORTHOPT_FP32, nullptr, 1), absent, mp, nullptr,
+                              nullptr);
+  ok1 = ok1 && st == ORTHOPT_ERR_INVALID && has("'grad' has 1 tensors, expected 2");
+  st = orthopt_multi_momentum(L(full), L(full), absent, mp, nullptr, nullptr);  // the first list without numel
+  ok1 = ok1 && st == ORTHOPT_ERR_INVALID && has("'numel' must not be NULL");
+  st = orthopt_multi_momentum(L(full, ORTHOPT_FP32, numel), L(list), L(full), mp, nullptr, nullptr);
   const bool ok2 = st == ORTHOPT_ERR_INVALID && has("'grad' has a NULL pointer at index 1");
-  st = orthopt_multi_update(2, numel, full, ORTHOPT_FP32, full, static_cast<orthopt_dtype>(7), nullptr, ORTHOPT_FP32,
-                            nullptr, nullptr, 0, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
+  orthopt_update_params up{{lr, 0.1, 0}, nullptr, 0};
+  st = orthopt_multi_update(L(full, ORTHOPT_FP32, numel), L(full, static_cast<orthopt_dtype>(7)), absent, absent, up,
+                            nullptr, nullptr);
   bool ok3 = st == ORTHOPT_ERR_INVALID && has("'direction'") && has("fp32, bf16 or fp16");
-  const float* scales[2] = {static_cast<const float*>(p), static_cast<const float*>(p)};
-  st = orthopt_multi_update(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, scales, 3,
-                            reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);  // 4 is not whole rows of 3
+  up.cols = 3;
+  st = orthopt_multi_update(L(full, ORTHOPT_FP32, numel), L(full), absent, L(full), up, nullptr,
+                            nullptr);  // 4 is not whole rows of 3
   ok3 = ok3 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
-  st = orthopt_multi_lion(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32,
-                          nullptr, 0.9, 0.99, 0.0, 0, nullptr, nullptr);
+  const int64_t wrong[2] = {3, 5};
+  st = orthopt_multi_update(L(full, ORTHOPT_FP32, numel), L(full, ORTHOPT_FP32, wrong), absent, absent, up, nullptr,
+                            nullptr);  // the direction's element counts differ from the weight's
+  ok3 = ok3 && st == ORTHOPT_ERR_INVALID && has("'direction': 'numel' [1] = 5, expected 4");
+  st = orthopt_multi_lion(L(full, ORTHOPT_FP32, numel), L(full), L(full), absent, {{nullptr, 0.0, 0}, 0.9, 0.99},
+                          nullptr, nullptr);
   const bool ok4 = st == ORTHOPT_ERR_INVALID && has("'lr'");
-  st = orthopt_multi_adamw(0, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr, ORTHOPT_FP32, nullptr, nullptr,
-                           ORTHOPT_FP32, nullptr, ORTHOPT_FP32, nullptr, 0.9, 0.95, 1e-8, 0.0, 0, nullptr, nullptr);
-  const bool ok5 = st == ORTHOPT_OK;  // an empty list is a no-op
-  float* stats[2] = {static_cast<float*>(p), static_cast<float*>(p)};
-  st = orthopt_multi_momentum_rows(2, numel, 3, full, ORTHOPT_FP32, full, ORTHOPT_FP32, nullptr, ORTHOPT_FP32, 1.0, 1.0,
-                                   0, ORTHOPT_ROW_L1_MOMENTUM, stats, nullptr, nullptr);  // 4 is not whole rows of 3
+  st = orthopt_multi_adamw(L(nullptr, ORTHOPT_FP32, nullptr, 0), absent, absent, absent, absent, absent,
+                           {{nullptr, 0.0, 0}, 0.9, 0.95, 1e-8}, nullptr, nullptr);
+  bool ok5 = st == ORTHOPT_OK;  // an empty list is a no-op
+  st = orthopt_multi_adamw(L(full, ORTHOPT_FP32, numel), L(full), L(full), L(full, ORTHOPT_FP32, numel), L(full),
+                           absent, {{lr, 0.0, 0}, 0.9, 0.95, 1e-8}, nullptr, nullptr);  // steps hold one count each
+  ok5 = ok5 && st == ORTHOPT_ERR_INVALID && has("'step': 'numel' [0] = 3, expected 1");
+  const int64_t rows_of_2[2] = {2, 4}, stat_rows[2] = {1, 3};
+  st = orthopt_multi_momentum_rows(L(full, ORTHOPT_FP32, numel), L(full), absent, L(full), 3, {1.0, 1.0, 0},
+                                   ORTHOPT_ROW_L1_MOMENTUM, nullptr, nullptr);  // 4 is not whole rows of 3
   bool ok6 = st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");
-  const int64_t rows_of_2[2] = {2, 4};
-  st = orthopt_multi_momentum_rows(2, rows_of_2, 2, full, ORTHOPT_FP32, full, ORTHOPT_FP32, full, ORTHOPT_FP32, 1.0,
-                                   1.0, 0, ORTHOPT_ROW_L1_MOMENTUM, stats, nullptr, nullptr);  // L1 takes no output
+  st = orthopt_multi_momentum_rows(L(full, ORTHOPT_FP32, rows_of_2), L(full), L(full), L(full), 2, {1.0, 1.0, 0},
+                                   ORTHOPT_ROW_L1_MOMENTUM, nullptr, nullptr);  // L1 takes no output
   ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'out'");
-  const int32_t* maps[2] = {static_cast<const int32_t*>(p), static_cast<const int32_t*>(p)};
-  st = orthopt_multi_update_selected(2, numel, full, ORTHOPT_FP32, full, ORTHOPT_FP32, maps, 3, nullptr, ORTHOPT_FP32,
-                                     nullptr, reinterpret_cast<const double*>(p), 0.1, 0, nullptr, nullptr);
+  st = orthopt_multi_momentum_rows(L(full, ORTHOPT_FP32, rows_of_2), L(full), absent, L(full, ORTHOPT_FP32, stat_rows),
+                                   2, {1.0, 1.0, 0}, ORTHOPT_ROW_SUMSQ_OUT, nullptr, nullptr);  // rows: 1 and 2
+  ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'stats': 'numel' [1] = 3, expected 2");
+  up.cols = 3;
+  st = orthopt_multi_update_selected(L(full, ORTHOPT_FP32, numel), L(full), L(full), absent, up, nullptr, nullptr);
   ok6 = ok6 && st == ORTHOPT_ERR_INVALID && has("'numel' [1]") && has("cols");  // 4 is not whole rows of 3
   float* fp = static_cast<float*>(p);
   st = orthopt_normuon_factors(2, 3, 0, p, ORTHOPT_BF16, fp, nullptr, 0.95, 1e-8, fp, nullptr, nullptr);

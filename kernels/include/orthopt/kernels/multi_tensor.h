@@ -15,21 +15,30 @@ extern "C" {
 
 /* ---- Multi-tensor elementwise kernels of the optimizer step (algorithms.md §3, §7, §9) ----
  *
- * Each call updates a list of `count` tensors in a few launches instead of several small
- * launches per tensor: device pointers, sizes and per-tensor factors travel by value in the
- * kernel arguments (tables of a few dozen tensors; a longer list takes one launch per table),
- * nothing is copied to the device, so the calls can be captured in a CUDA graph.
+ * Each call updates a list of tensors in a few launches instead of several small launches per
+ * tensor: device pointers, sizes and per-tensor factors travel by value in the kernel arguments
+ * (tables of a few dozen tensors; a longer list takes one launch per table), nothing is copied
+ * to the device, so the calls can be captured in a CUDA graph.
+ *
+ * A list of tensors: tensor j is contiguous with numel[j] elements at data[j] (device memory).
+ *   count  the number of tensors; every list of a call has the count of its first list.
+ *   numel  host array of count element counts. The first list of a call must give it (0:
+ *          tensor j is skipped in every list, its pointers may be NULL); NULL in another list:
+ *          the first list's counts. Where a list's tensors have other sizes (per-row statistics,
+ *          step counts, row maps, a compact direction) the function says which; given counts
+ *          are checked.
+ *   data   host array of count device pointers; NULL: the list is absent, where the function
+ *          allows it (count, numel and dtype are then ignored).
+ *   dtype  ORTHOPT_FP32, _BF16 or _FP16, one per list; the math is fp32. Lists of a fixed type
+ *          (fp32 statistics, row scales and step counts, int32 row maps) ignore it.
+ * Different lists must not overlap.
  *
  * Common arguments:
- *   count, numel  `count` tensors; numel (host array) their element counts. Tensor i of every
- *                 list is contiguous with numel[i] elements (0: skipped). Lists are host arrays
- *                 of `count` device pointers, one dtype per list (ORTHOPT_FP32, _BF16, _FP16);
- *                 the math is fp32. Different lists must not overlap.
- *   lr            device pointer to the learning rate (fp64), read by the kernels.
- *   keep          device pointer to one byte, or NULL (always apply). When it holds 0 nothing
- *                 at all is written, whatever the inputs hold (NaN included): the skip factor.
- *   param_out     NULL, or a list receiving a copy of the new W in param_dtype (the bf16/fp16
- *                 parameter of an fp32 master weight).
+ *   lr         device pointer to the learning rate (fp64), read by the kernels.
+ *   keep       device pointer to one byte, or NULL (always apply). When it holds 0 nothing at all
+ *              is written, whatever the inputs hold (NaN included): the skip factor.
+ *   param_out  an absent list, or one receiving a copy of the new W in its dtype (the bf16/fp16
+ *              parameter of an fp32 master weight).
  * The fp32 arithmetic is that of orthopt's ATen reference step (src/optim/update_math.cpp),
  * operation by operation: same order, each product and sum rounded (no fused multiply-add),
  * scalar hyperparameters rounded to fp32 once, lr·wd, 1 − lr·wd and lr·factor in fp64.
@@ -37,15 +46,31 @@ extern "C" {
  * Decoupled weight decay and update (every function below that takes W):
  *   W ← W·(1 − lr·wd) − (lr·factor)·D
  *   cautious: W ← W − [W·D ≥ 0]·(lr·wd)·W − (lr·factor)·D   (decay only where W·D ≥ 0)  */
+typedef struct orthopt_tensor_list {
+  int64_t count;
+  const int64_t* numel;
+  void* const* data;
+  orthopt_dtype dtype;
+} orthopt_tensor_list;
 
-/* Muon momentum: M ← μ·M + w·G (w = grad_weight: 1 for accumulate, 1 − μ for ema) and the
- * orthogonalization input out = w·G + μ·M_new (nesterov) or M_new, written in out_dtype
- * (e.g. straight into a stacked batch buffer); out == NULL: no output (Dion3's M ← M + G). */
-orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void* const* momentum,
-                                      orthopt_dtype momentum_dtype, const void* const* grad,
-                                      orthopt_dtype grad_dtype, void* const* out, orthopt_dtype out_dtype,
-                                      double mu, double grad_weight, int nesterov, const uint8_t* keep,
-                                      cudaStream_t stream);
+/* Muon momentum: M ← μ·M + w·G, w = grad_weight (1 for accumulate, 1 − μ for ema). */
+typedef struct orthopt_momentum_params {
+  double mu, grad_weight;
+  int nesterov; /* the orthogonalization input is w·G + μ·M_new, else M_new */
+} orthopt_momentum_params;
+
+/* The decoupled update's hyperparameters (see above). */
+typedef struct orthopt_decay_params {
+  const double* lr; /* device */
+  double weight_decay;
+  int cautious;
+} orthopt_decay_params;
+
+/* Muon momentum and the orthogonalization input out = w·G + μ·M_new (nesterov) or M_new,
+ * written in out's dtype (e.g. straight into a stacked batch buffer); out absent: no output
+ * (Dion3's M ← M + G). */
+orthopt_status orthopt_multi_momentum(orthopt_tensor_list momentum, orthopt_tensor_list grad, orthopt_tensor_list out,
+                                      orthopt_momentum_params params, const uint8_t* keep, cudaStream_t stream);
 
 /* The library's side streams, per device: index in [0, ORTHOPT_SIDE_STREAMS), created on first
  * use (non-blocking). Products queued on a side stream use that stream's own cuBLAS handles and
@@ -56,40 +81,43 @@ orthopt_status orthopt_multi_momentum(int64_t count, const int64_t* numel, void*
 orthopt_status orthopt_side_stream(int index, cudaStream_t* out);
 
 /* Momentum over whole rows with a statistic per row, in the same pass: tensor j has numel[j] /
- * cols rows of cols elements; M ← μ·M + w·G and out as orthopt_multi_momentum, and stats[j][r]:
- *   ORTHOPT_ROW_L1_MOMENTUM: Σ_c |M_new[r, c]| (Dion3's selection scores; out must be NULL),
+ * cols rows of cols elements; M ← μ·M + w·G and out as orthopt_multi_momentum, and stats (fp32,
+ * numel[j] / cols per tensor) [j][r]:
+ *   ORTHOPT_ROW_L1_MOMENTUM: Σ_c |M_new[r, c]| (Dion3's selection scores; out must be absent),
  *     over the stored values, rounded to M's dtype like ATen's norm of a bf16/fp16 tensor;
  *   ORTHOPT_ROW_SUMSQ_OUT: Σ_c out[r, c]² over the output's stored values (the squared
- *     Frobenius norm of a Newton–Schulz input is the sum over its rows; out may be NULL).
+ *     Frobenius norm of a Newton–Schulz input is the sum over its rows; out may be absent).
  * fp32 accumulation in a fixed order (one warp per row): deterministic. A skipped step writes
  * no momentum, zeros as out (a finite NS input: see orthopt_gemm_update), and as statistics the
  * unchanged M's L1 norms, or 0. */
 typedef enum { ORTHOPT_ROW_L1_MOMENTUM = 0, ORTHOPT_ROW_SUMSQ_OUT = 1 } orthopt_row_stat;
-orthopt_status orthopt_multi_momentum_rows(int64_t count, const int64_t* numel, int64_t cols,
-                                           void* const* momentum, orthopt_dtype momentum_dtype,
-                                           const void* const* grad, orthopt_dtype grad_dtype, void* const* out,
-                                           orthopt_dtype out_dtype, double mu, double grad_weight, int nesterov,
-                                           orthopt_row_stat stat, float* const* stats, const uint8_t* keep,
-                                           cudaStream_t stream);
+orthopt_status orthopt_multi_momentum_rows(orthopt_tensor_list momentum, orthopt_tensor_list grad,
+                                           orthopt_tensor_list out, orthopt_tensor_list stats, int64_t cols,
+                                           orthopt_momentum_params params, orthopt_row_stat stat,
+                                           const uint8_t* keep, cudaStream_t stream);
 
-/* Muon momentum and the Newton–Schulz input of `batch` matrices [rows, cols] in one pass:
+/* Muon momentum and the Newton–Schulz input of `batch` (momentum.count) matrices [rows, cols] in
+ * one pass:
  * M[b] ← μ·M[b] + w·G[b] as orthopt_multi_momentum, and out[b] = U[b] / (‖U[b]‖_F·safety + eps)
  * rounded to out_dtype (bf16 or fp16), U[b] the fp32 input orthopt_multi_momentum writes
  * (w·G + μ·M_new with nesterov, else M_new). Bit for bit what orthopt_multi_momentum_rows
  * (ORTHOPT_ROW_SUMSQ_OUT, fp32 out), orthopt_norms_from_row_sumsq and orthopt_scale_cast give
  * in turn, without the fp32 input in memory: each block keeps its rows of U in shared memory
  * until the norms of its matrices are known (one block per multiprocessor, a cooperative
- * launch). momentum[b], grad[b]: contiguous [rows, cols] device arrays (fp32, bf16 or fp16);
+ * launch). momentum, grad: lists of contiguous [rows, cols] matrices (numel NULL or rows·cols each);
  * out: contiguous [batch, rows, cols], 16-byte aligned; row_sumsq: device scratch of batch·rows
  * floats (receives the rows' sums of squares of U); arrived: device scratch of batch unsigned
  * ints (zeroed here). Needs orthopt_momentum_ns_input_fits(rows, cols). A skipped step (keep
  * holding 0) writes no momentum, and zeros as out and row_sumsq. No allocation, no host
  * synchronization: graph-capturable. */
-orthopt_status orthopt_momentum_ns_input(int64_t batch, int64_t rows, int64_t cols, void* const* momentum,
-                                         orthopt_dtype momentum_dtype, const void* const* grad,
-                                         orthopt_dtype grad_dtype, void* out, orthopt_dtype out_dtype, double mu,
-                                         double grad_weight, int nesterov, float safety, float eps, float* row_sumsq,
-                                         unsigned int* arrived, const uint8_t* keep, cudaStream_t stream);
+typedef struct orthopt_ns_input_params {
+  orthopt_momentum_params momentum;
+  float safety, eps; /* out = U / (‖U‖_F·safety + eps) */
+} orthopt_ns_input_params;
+orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum, orthopt_tensor_list grad, int64_t rows,
+                                         int64_t cols, void* out, orthopt_dtype out_dtype,
+                                         orthopt_ns_input_params params, float* row_sumsq, unsigned int* arrived,
+                                         const uint8_t* keep, cudaStream_t stream);
 /* 1 when matrices [rows, cols] fit orthopt_momentum_ns_input on the current device: cols a
  * multiple of 4, the rows of one matrix within the blocks' shared memory (on an H100, 132 blocks
  * of 223 KiB: about 7.5 M elements), cooperative launch; else 0. */
@@ -99,49 +127,56 @@ int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols);
 orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, const float* row_sumsq, float* norms,
                                             cudaStream_t stream);
 
-/* Decoupled update with the direction D (e.g. the orthogonalized momentum); factor: host array
- * of per-tensor lr factors (the lr adjustment), NULL for all 1. row_scale: NULL, or per tensor a
- * device fp32 array of numel[j] / cols factors, one per row of cols elements, and then
+/* The update's hyperparameters: the decay, factor (host array of per-tensor lr factors, the lr
+ * adjustment; NULL for all 1) and cols, the row length of row scales and row maps. */
+typedef struct orthopt_update_params {
+  orthopt_decay_params decay;
+  const double* factor;
+  int64_t cols;
+} orthopt_update_params;
+
+/* Decoupled update with the direction D (e.g. the orthogonalized momentum). row_scale: absent,
+ * or per tensor fp32 factors, numel[j] / cols of them, one per row of cols elements, and then
  * D = direction · row_scale[j][row] (one fp32 product, NorMuon's Û = U · factor without storing
  * Û); every numel[j] must then be a multiple of cols. */
-orthopt_status orthopt_multi_update(int64_t count, const int64_t* numel, void* const* weight,
-                                    orthopt_dtype weight_dtype, const void* const* direction,
-                                    orthopt_dtype direction_dtype, void* const* param_out,
-                                    orthopt_dtype param_dtype, const double* factor, const float* const* row_scale,
-                                    int64_t cols, const double* lr, double weight_decay, int cautious,
-                                    const uint8_t* keep, cudaStream_t stream);
+orthopt_status orthopt_multi_update(orthopt_tensor_list weight, orthopt_tensor_list direction,
+                                    orthopt_tensor_list param_out, orthopt_tensor_list row_scale,
+                                    orthopt_update_params params, const uint8_t* keep, cudaStream_t stream);
 
 /* The decoupled update with a direction that is nonzero on selected rows only (Dion3): weight[j]
- * (numel[j] elements, rows of cols) is updated everywhere, with D = 0 outside the selection;
- * row r of it takes direction row row_map[j][r] of direction[j] (a compact [*, cols] tensor)
- * where row_map[j][r] >= 0, and D = 0 where it is -1. Same arithmetic as orthopt_multi_update
- * with the zero-padded full-size direction, without that direction. The map entries (int32,
- * device) must be -1 or valid rows of direction[j]: they are not checked on the device. */
-orthopt_status orthopt_multi_update_selected(int64_t count, const int64_t* numel, void* const* weight,
-                                             orthopt_dtype weight_dtype, const void* const* direction,
-                                             orthopt_dtype direction_dtype, const int32_t* const* row_map,
-                                             int64_t cols, void* const* param_out, orthopt_dtype param_dtype,
-                                             const double* factor, const double* lr, double weight_decay,
-                                             int cautious, const uint8_t* keep, cudaStream_t stream);
+ * (numel[j] elements, rows of params.cols) is updated everywhere, with D = 0 outside the
+ * selection; row r of it takes direction row row_map[j][r] of direction[j] (a compact [*, cols]
+ * tensor: numel, if given, a multiple of cols) where row_map[j][r] >= 0, and D = 0 where it is
+ * -1. Same arithmetic as orthopt_multi_update with the zero-padded full-size direction, without
+ * that direction. row_map: int32, numel[j] / cols entries per tensor, each -1 or a valid row of
+ * direction[j] (not checked on the device). */
+orthopt_status orthopt_multi_update_selected(orthopt_tensor_list weight, orthopt_tensor_list direction,
+                                             orthopt_tensor_list row_map, orthopt_tensor_list param_out,
+                                             orthopt_update_params params, const uint8_t* keep, cudaStream_t stream);
 
 /* AdamW: m ← β1·m + (1−β1)·G, v ← β2·v + (1−β2)·G², t = step + 1,
  * D = (m / (1−β1^t)) / (sqrt(v) / sqrt(1−β2^t) + eps), decoupled update with factor 1, step ← t.
- * step: per tensor a device fp32 count of the steps taken (orthopt's AdamW state); the bias
- * corrections are computed in fp64 from it, and a second launch per table increments it. */
-orthopt_status orthopt_multi_adamw(int64_t count, const int64_t* numel, const void* const* grad,
-                                   orthopt_dtype grad_dtype, void* const* exp_avg, void* const* exp_avg_sq,
-                                   orthopt_dtype state_dtype, float* const* step, void* const* weight,
-                                   orthopt_dtype weight_dtype, void* const* param_out, orthopt_dtype param_dtype,
-                                   const double* lr, double beta1, double beta2, double eps, double weight_decay,
-                                   int cautious, const uint8_t* keep, cudaStream_t stream);
+ * step: per tensor one fp32 count of the steps taken (orthopt's AdamW state; numel, if given, 1
+ * each); the bias corrections are computed in fp64 from it, and a second launch per table
+ * increments it. grad, exp_avg, exp_avg_sq, weight, param_out: each its own dtype. */
+typedef struct orthopt_adamw_params {
+  orthopt_decay_params decay;
+  double beta1, beta2, eps;
+} orthopt_adamw_params;
+orthopt_status orthopt_multi_adamw(orthopt_tensor_list grad, orthopt_tensor_list exp_avg,
+                                   orthopt_tensor_list exp_avg_sq, orthopt_tensor_list step,
+                                   orthopt_tensor_list weight, orthopt_tensor_list param_out,
+                                   orthopt_adamw_params params, const uint8_t* keep, cudaStream_t stream);
 
 /* Lion: D = sign(β1·m + (1−β1)·G) (sign(0) = 0), m ← β2·m + (1−β2)·G, decoupled update with
  * factor 1. */
-orthopt_status orthopt_multi_lion(int64_t count, const int64_t* numel, const void* const* grad,
-                                  orthopt_dtype grad_dtype, void* const* exp_avg, orthopt_dtype state_dtype,
-                                  void* const* weight, orthopt_dtype weight_dtype, void* const* param_out,
-                                  orthopt_dtype param_dtype, const double* lr, double beta1, double beta2,
-                                  double weight_decay, int cautious, const uint8_t* keep, cudaStream_t stream);
+typedef struct orthopt_lion_params {
+  orthopt_decay_params decay;
+  double beta1, beta2;
+} orthopt_lion_params;
+orthopt_status orthopt_multi_lion(orthopt_tensor_list grad, orthopt_tensor_list exp_avg, orthopt_tensor_list weight,
+                                  orthopt_tensor_list param_out, orthopt_lion_params params, const uint8_t* keep,
+                                  cudaStream_t stream);
 
 /* NorMuon's row normalization factors (algorithms.md §4; orthopt's ATen reference:
  * src/optim/update_math.cpp, normuon_row_factors) of `batch` matrices u[b] [rows, cols]
