@@ -44,6 +44,7 @@ struct NsArgs {
   bool peer = true;
   bool dense = true;        // also time the dense product and report the run floor
   bool sequential = false;  // time the contenders one after another instead of round-robin
+  std::string execution = "auto";  // ExecutionOptions of our contenders (docs/execution.md)
   std::string json;
 };
 
@@ -167,6 +168,7 @@ int run_ns(const NsArgs& a) {
       c.opt.method = parse_method(method_str);
       c.opt.nonfinite = NonFinitePolicy::Propagate;
       if (!a.compute_dtype.empty()) c.opt.compute_dtype = parse_dtype(a.compute_dtype);
+      c.opt.execution = parse_execution(a.execution);
       c.out = orthogonalize(G, c.opt);
       c.err = rel_err(c.out);
       contenders.push_back(std::move(c));
@@ -290,7 +292,7 @@ int run_ns(const NsArgs& a) {
                  "board allows in the state it is in.\n";
   if (device.is_cuda()) std::cout << bench::ClockSummary::legend();
   if (!a.json.empty()) {
-    nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"threads", at::get_num_threads()},
+    nlohmann::json doc = {{"benchmark", "ns"}, {"device", a.device}, {"execution", a.execution}, {"threads", at::get_num_threads()},
                           {"blas", blas_threading()}, {"rows", rows}};
     std::ofstream f(a.json);
     if (!f) throw std::runtime_error("argument '--json': cannot write '" + a.json + "'");
@@ -322,6 +324,9 @@ void register_bench(CLI::App& app, Action& action) {
   ns->add_flag("!--no-dense", args->dense, "skip the same-run dense product and its run floor");
   ns->add_flag("--sequential", args->sequential,
                "time the peer and the methods one after another (default: round-robin, one run of each per round)");
+  ns->add_option("--execution", args->execution,
+                 "which implementation each part takes: auto, or field=value,... (e.g. kernels=off; docs/execution.md)")
+      ->check(execution_validator());
   ns->add_option("--json", args->json, "also write the results as JSON to this file");
   ns->callback([args, &action] { action = [args] { return run_ns(*args); }; });
   register_bench_step(*bench, action);

@@ -45,39 +45,16 @@ struct StepArgs {
   std::vector<std::string> dion_qr = {"householder"};  // dion: one row per orthonormalization
   bool tf32 = false;  // torch's TF32 switch for fp32 cuBLAS products (Dion's are fp32)
   bool dry_run = false;
+  std::string execution = "auto";  // ExecutionOptions of our optimizer's groups (docs/execution.md)
   std::string json;
 };
 
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-const nlohmann::json& param_sets() {
-  static const nlohmann::json sets = nlohmann::json::parse(bench::kParamSetsJson);
-  return sets;
-}
-
-std::vector<std::string> param_set_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, set] : param_sets().items()) names.push_back(name);
-  return names;
-}
-
-// The names and shapes of a set of bench/param_sets.h, in its order.
-Shapes param_shapes(const std::string& set) {
-  if (!param_sets().contains(set))
-    throw std::invalid_argument(
-        fmt::format("argument '--sets': unknown set '{}' ({})", set, fmt::join(param_set_names(), ", ")));
-  const auto& def = param_sets().at(set);
-  const auto prefix = def.at("prefix").get<std::string>();
-  Shapes shapes;
-  auto add = [&](const std::string& name, const nlohmann::json& shape) {
-    shapes.emplace_back(name, shape.get<std::vector<int64_t>>());
-  };
-  for (int64_t i = 0; i < def.at("blocks").get<int64_t>(); ++i)
-    for (const auto& p : def.at("block")) add(fmt::format("{}.{}.{}", prefix, i, p.at(0).get<std::string>()), p.at(1));
-  for (const auto& p : def.at("final")) add(p.at(0).get<std::string>(), p.at(1));
-  return shapes;
-}
+using bench::param_set_names;
+using bench::param_sets;
+using bench::param_shapes;
 
 // A set's parameters, random (and random gradients), on `device`.
 Named param_set(const std::string& set, c10::Device device) {
@@ -219,6 +196,7 @@ int run_step(const StepArgs& a) {
       routing.matrix.algorithm = parse_algorithm(alg);
       if (a.gram_aspect_threshold) routing.matrix.ortho.gram_aspect_threshold = *a.gram_aspect_threshold;
       if (!qr.empty()) routing.matrix.dion_qr = parse_dion_qr(qr);
+      routing.matrix.ortho.execution = routing.scalar.ortho.execution = parse_execution(a.execution);
       Named named = param_set(set, device);
       Optimizer opt(route_params(named, routing));
       const std::string ours =
@@ -245,6 +223,8 @@ int run_step(const StepArgs& a) {
       }
       const auto timings = bench::time_round_robin(steps, device, warmup, a.repeats, sample_clocks);
       for (size_t i = 0; i < names.size(); ++i) report(set, names[i], timings[i]);
+      rows.back()["plan"] = nlohmann::json::parse(opt.plan().to_json());  // what the timed steps ran
+      if (names.size() > 1) rows[rows.size() - 2]["plan"] = rows.back()["plan"];
       print_clocks();
     }
     if (a.peer) {
@@ -302,8 +282,59 @@ void register_bench_step(CLI::App& bench, Action& action) {
       ->check(CLI::Range(1.0, 1e9));
   step->add_flag("--dry-run", args->dry_run,
                  "time nothing: list each set's parameters and the optimizer route_params gives them (meta device)");
-  step->add_option("--json", args->json, "also write the results as JSON to this file");
+  step->add_option("--execution", args->execution,
+                   "which implementation each part of our step takes: auto, or field=value,... (docs/execution.md)")
+      ->check(execution_validator());
+  step->add_option("--json", args->json, "also write the results as JSON (with each configuration's plan)");
   step->callback([args, &action] { action = [args] { return run_step(*args); }; });
+}
+
+namespace {
+
+struct PlanArgs {
+  std::string set = "gpt2";
+  std::string device = "cpu";
+  std::string algorithm = "muon";
+  std::string execution = "auto";
+  bool json = false;
+};
+
+int run_plan(const PlanArgs& a) {
+  const c10::Device device(a.device);
+  if (device.is_cuda() && !at::hasCUDA())
+    throw std::invalid_argument("argument '--device': cuda requested but this torch has no CUDA device");
+  RoutingOptions routing;
+  routing.matrix.algorithm = parse_algorithm(a.algorithm);
+  routing.matrix.ortho.execution = routing.scalar.ortho.execution = parse_execution(a.execution);
+  // The parameters only (uninitialized, no gradients): a plan reads shapes, dtypes and devices.
+  Named named;
+  for (const auto& [name, shape] : param_shapes(a.set))
+    named.emplace_back(name, at::empty(shape, at::TensorOptions().device(device)).requires_grad_(true));
+  const StepPlan plan = Optimizer(route_params(named, routing)).plan();
+  if (a.json) {
+    std::cout << nlohmann::json::parse(plan.to_json()).dump(2) << "\n";
+  } else {
+    std::cout << fmt::format("set {} ({}), {} + AdamW\n", a.set, param_sets().at(a.set).at("about").get<std::string>(),
+                             a.algorithm)
+              << plan.to_string();
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, Action& action) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* plan = app.add_subcommand("plan", "Print the execution plan of an optimizer step on a parameter set");
+  plan->add_option("--set", args->set, fmt::format("parameter set (bench/param_sets.h): {}", fmt::join(param_set_names(), ", ")))
+      ->check(CLI::IsMember(param_set_names()));
+  plan->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  plan->add_option("--algorithm", args->algorithm, "matrix optimizer: muon, normuon, dion3, dion2, dion")
+      ->check(CLI::IsMember({"muon", "normuon", "dion3", "dion2", "dion"}));
+  plan->add_option("--execution", args->execution, "auto, or field=value,... (docs/execution.md)")
+      ->check(execution_validator());
+  plan->add_flag("--json", args->json, "print the plan as JSON");
+  plan->callback([args, &action] { action = [args] { return run_plan(*args); }; });
 }
 
 }  // namespace orthopt::cli

@@ -7,4 +7,5 @@ namespace orthopt::cli {
 // Adds `step` under the `bench` subcommand.
 void register_bench_step(CLI::App& bench, Action& action);
 
+
 }  // namespace orthopt::cli

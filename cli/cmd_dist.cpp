@@ -3,6 +3,7 @@
 //   parameter set (random gradients); prints per-step timings and bytes per collective.
 //   Run it under the launcher: `orthopt launch --nproc 4 -- orthopt dist-step --set gpt2`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <torch/cuda.h>
 
 #include "commands.h"
+#include "param_sets.h"
 #include "orthopt/distributed.h"
 #include "orthopt/optim.h"
 #include "orthopt/train/data.h"
@@ -33,45 +35,9 @@ struct StepArgs {
   std::string json;
 };
 
-// Parameter sets of performance.md (shapes only; values random). "small" is a quick one.
+// The benchmarks' parameter sets (bench/param_sets.h; shapes only, values random).
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_set(const std::string& name) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> ps;
-  if (name == "gpt2") {
-    ps.push_back({"wte", {50304, 768}});
-    for (int l = 0; l < 12; ++l) {
-      ps.push_back({fmt::format("h{}.attn.c_attn", l), {2304, 768}});
-      ps.push_back({fmt::format("h{}.attn.c_proj", l), {768, 768}});
-      ps.push_back({fmt::format("h{}.mlp.c_fc", l), {3072, 768}});
-      ps.push_back({fmt::format("h{}.mlp.c_proj", l), {768, 3072}});
-      for (int v = 0; v < 4; ++v) ps.push_back({fmt::format("h{}.ln{}", l, v), {768}});
-    }
-    ps.push_back({"ln_f.w", {768}});
-    ps.push_back({"ln_f.b", {768}});
-  } else if (name == "llama1b") {
-    ps.push_back({"embed", {32000, 2048}});
-    for (int l = 0; l < 22; ++l) {
-      for (const char* m : {"q", "k", "v", "o"}) ps.push_back({fmt::format("l{}.attn.{}", l, m), {2048, 2048}});
-      ps.push_back({fmt::format("l{}.mlp.gate", l), {5632, 2048}});
-      ps.push_back({fmt::format("l{}.mlp.up", l), {5632, 2048}});
-      ps.push_back({fmt::format("l{}.mlp.down", l), {2048, 5632}});
-      ps.push_back({fmt::format("l{}.norm1", l), {2048}});
-      ps.push_back({fmt::format("l{}.norm2", l), {2048}});
-    }
-    ps.push_back({"norm", {2048}});
-    ps.push_back({"lm_head", {32000, 2048}});
-  } else if (name == "small") {
-    ps.push_back({"embed", {1000, 128}});
-    for (int l = 0; l < 4; ++l) {
-      ps.push_back({fmt::format("l{}.qkv", l), {384, 128}});
-      ps.push_back({fmt::format("l{}.o", l), {128, 128}});
-      ps.push_back({fmt::format("l{}.fc", l), {512, 128}});
-      ps.push_back({fmt::format("l{}.proj", l), {128, 512}});
-      ps.push_back({fmt::format("l{}.norm", l), {128}});
-    }
-  } else {
-    throw std::invalid_argument("--set must be gpt2, llama1b or small, got '" + name + "'");
-  }
-  return ps;
+  return bench::param_shapes(name, "--set");
 }
 
 int run_dist_step(const StepArgs& a) {
@@ -178,7 +144,7 @@ int run_dist_step(const StepArgs& a) {
 }
 
 struct PlanArgs {
-  std::string set = "llama1b";
+  std::string set = "llama";
   std::string algorithm = "muon";
   double fraction = 0.25;
   std::vector<int> worlds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
@@ -244,8 +210,8 @@ void register_dist(CLI::App& app, Action& action) {
   auto plan = std::make_shared<PlanArgs>();
   auto* pl = app.add_subcommand("dist-plan", "Distributed layout of a parameter set: padding, bytes per step "
                                              "and Newton–Schulz FLOPs per rank for several world sizes");
-  pl->add_option("--set", plan->set, "parameter set: gpt2, llama1b, small")
-      ->check(CLI::IsMember({"gpt2", "llama1b", "small"}));
+  pl->add_option("--set", plan->set, fmt::format("parameter set (bench/param_sets.h): {}", fmt::join(bench::param_set_names(), ", ")))
+      ->check(CLI::IsMember(bench::param_set_names()));
   pl->add_option("--algorithm", plan->algorithm, "matrix algorithm: muon, normuon, dion3, dion")
       ->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
   pl->add_option("--fraction", plan->fraction, "Dion3 row fraction")->check(CLI::Range(0.0, 1.0));
@@ -259,8 +225,8 @@ void register_dist(CLI::App& app, Action& action) {
   auto args = std::make_shared<StepArgs>();
   auto* step = app.add_subcommand("dist-step", "One rank of the distributed optimizer-step benchmark "
                                                "(run under `orthopt launch`)");
-  step->add_option("--set", args->set, "parameter set: gpt2, llama1b, small")
-      ->check(CLI::IsMember({"gpt2", "llama1b", "small"}));
+  step->add_option("--set", args->set, fmt::format("parameter set (bench/param_sets.h): {}", fmt::join(bench::param_set_names(), ", ")))
+      ->check(CLI::IsMember(bench::param_set_names()));
   step->add_option("--algorithm", args->algorithm, "matrix algorithm: muon, normuon, dion3, dion")
       ->check(CLI::IsMember({"muon", "normuon", "dion3", "dion"}));
   step->add_option("--fraction", args->fraction, "Dion3 row fraction")->check(CLI::Range(0.0, 1.0));

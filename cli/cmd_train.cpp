@@ -1,4 +1,5 @@
 // `orthopt train` and `orthopt compare` (docs/training.md).
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -15,6 +17,8 @@
 
 #include "commands.h"
 #include "orthopt/distributed.h"
+#include "orthopt/runtime.h"
+#include "orthopt/train/checkpoint.h"
 #include "orthopt/train/compare.h"
 #include "orthopt/train/config.h"
 #include "orthopt/train/guards.h"
@@ -187,8 +191,33 @@ TrainConfig build_config(const TrainArgs& args, const json& defaults) {
   return train::config_from_json(j);
 }
 
+// --resume without ORTHOPT_NUM_THREADS / OMP_NUM_THREADS: the intra-op thread count of the newest
+// checkpoint instead of the one the load chose now, so that the CPU reductions (split by thread
+// count) continue with the same bits. Only a hint: the trainer verifies the checkpoint itself.
+void resume_threads(const TrainConfig& cfg) {
+  if (!cfg.resume || requested_threads() > 0) return;
+  for (const auto& d : train::step_directories(cfg.run_dir)) {
+    try {
+      std::ifstream f(fs::path(d.path) / "metadata.json");
+      const json meta = json::parse(f);
+      const json& extra = meta.at("extra");
+      if (!extra.contains("intra_op_threads")) return;
+      const int n = extra.at("intra_op_threads").get<int>();
+      if (n > 0 && n != at::get_num_threads()) {
+        std::cout << "threads: " << n << " intra-op threads, as the checkpoint was written with (set "
+                  << "ORTHOPT_NUM_THREADS to choose)\n";
+        at::set_num_threads(n);
+      }
+    } catch (const std::exception&) {
+      continue;  // not a readable checkpoint: the next older one, as the trainer's own search does
+    }
+    return;
+  }
+}
+
 int run_train(const TrainArgs& args) {
   const TrainConfig cfg = build_config(args, json::object());
+  resume_threads(cfg);
   TORCH_CHECK(args.nproc <= 1 || !cfg.cuda_graph,
               "--cuda-graph: not available with --nproc (the distributed step's collectives are not captured)");
   // --nproc N: this process becomes the launcher of N ranks (each runs this command without

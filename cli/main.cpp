@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   orthopt::cli::register_bench(app, action);
   orthopt::cli::register_dist(app, action);
   orthopt::cli::register_train(app, action);
+  orthopt::cli::register_plan(app, action);
   // Every usage error exits with 2 and names the word it could not use.
   constexpr int kUsageError = 2;
   if (argc >= 2 && argv[1][0] != '-') {

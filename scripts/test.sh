@@ -9,10 +9,6 @@ BUILD_DIR=${ORTHOPT_BUILD_DIR:-build}
 # ctest runs one test per core; each test then uses one thread (two 2-thread torch pools
 # on 2 cores spin against each other and run tiny tensors ~50x slower).
 ORTHOPT_NUM_THREADS=${ORTHOPT_NUM_THREADS:-1} ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
-# Distributed == single process, bit for bit, also on the batched Dion3/NorMuon path (the
-# accelerator default; the CPU steps per matrix unless ORTHOPT_CPU_BANKS=1).
-ORTHOPT_CPU_BANKS=1 ORTHOPT_NUM_THREADS=1 ORTHOPT_BIN="$BUILD_DIR/orthopt" ORTHOPT_SOURCE_DIR="$PWD" \
-  "$BUILD_DIR/tests/test_dist_optimizer" --gtest_filter='*DistEqualsSingleProcess*' --gtest_brief=1
 PY=$(grep -E '^Python3_EXECUTABLE' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)
 . scripts/blas_env.sh
 PYTHONPATH="$BUILD_DIR/python" with_openmp_blas "$PY" -m pytest -q tests/python

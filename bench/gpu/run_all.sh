@@ -81,10 +81,16 @@ if has bench; then
   note "bench ns rc=$?"
   timeout 240 "$ORTHOPT_BUILD_DIR/gpu/orthopt_sym_bench" 20 > "$OUT/sym_bench.md" 2>&1
   note "sym_bench rc=$?"
-  [ -n "${WITH_ATEN_PRODUCTS:-}" ] && ORTHOPT_GPU_KERNELS=0 timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
-    --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
-  note "bench ns (ATen products, ORTHOPT_GPU_KERNELS=0) rc=$?"
-  [ -z "${SKIP_STEP:-}" ] && { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
+  [ -n "${WITH_ATEN_PRODUCTS:-}" ] && timeout 200 "$ORTHOPT_BUILD_DIR/orthopt" bench ns --device cuda --methods standard,auto \
+    --execution kernels=off --no-peer --warmup 3 --repeats 15 > "$OUT/bench_ns_aten.txt" 2>&1
+  note "bench ns (ATen products, --execution kernels=off) rc=$?"
+  for set in gpt2 llama; do
+    for alg in muon dion3; do
+      "$ORTHOPT_BUILD_DIR/orthopt" plan --set $set --device cuda --algorithm $alg > "$OUT/plan_${set}_${alg}.txt" 2>&1
+    done
+  done
+  note "plans: $(ls "$OUT"/plan_*.txt | wc -l) written"
+  [ -z "${SKIP_STEP:-}" ] && { timeout 150 "$ORTHOPT_BUILD_DIR/orthopt" bench step --device cuda --sets gpt2,llama --algorithms muon,normuon,dion3 --json "$OUT/bench_step.json"; echo "rc=$?"; timeout 90 python3 bench/gpu/step_peers.py gpt2 llama; echo "rc=$?"; } \
     > "$OUT/bench_step.txt" 2>&1
   note "bench step done"
   # The dion package as a same-run peer (a checkout of github.com/microsoft/dion; not part of the

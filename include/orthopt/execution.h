@@ -50,7 +50,7 @@ const std::vector<std::string>& execution_fields();
 Toggle get_field(const ExecutionOptions& e, const std::string& field);
 // Sets one field by name; throws c10::ValueError naming an unknown field or value.
 void set_field(ExecutionOptions& e, const std::string& field, const std::string& value);
-// "field=value,..." (the CLI's --execution); empty: all Auto.
+// "field=value,..." (the CLI's --execution); empty or "auto": all Auto.
 ExecutionOptions parse_execution(const std::string& spec);
 // The fields not Auto, as "field=value,...", or "auto".
 std::string to_string(const ExecutionOptions& e);

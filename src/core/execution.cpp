@@ -56,11 +56,13 @@ const std::vector<std::string>& execution_fields() {
 Toggle get_field(const ExecutionOptions& e, const std::string& field) { return e.*find_field(field).member; }
 
 void set_field(ExecutionOptions& e, const std::string& field, const std::string& value) {
-  e.*find_field(field).member = parse_toggle(value, field);
+  const Field& f = find_field(field);  // an unknown field before a bad value
+  e.*f.member = parse_toggle(value, field);
 }
 
 ExecutionOptions parse_execution(const std::string& spec) {
   ExecutionOptions e;
+  if (spec == "auto") return e;
   std::stringstream items(spec);
   std::string item;
   while (std::getline(items, item, ',')) {

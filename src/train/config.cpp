@@ -166,12 +166,10 @@ void validate(const TrainConfig& c) {
   TORCH_CHECK(c.scalar_lr > 0.0 && c.scalar_lr <= 10.0, "scalar_lr: must be in (0, 10], got ", c.scalar_lr);
   TORCH_CHECK(c.weight_decay >= 0.0 && c.weight_decay < 1.0, "weight_decay: must be in [0, 1), got ", c.weight_decay);
   TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum: must be in [0, 1), got ", c.momentum);
-  if (c.execution != "auto") {
-    try {
-      (void)parse_execution(c.execution);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "execution: ", e.what_without_backtrace());
-    }
+  try {
+    (void)parse_execution(c.execution);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "execution: ", e.what_without_backtrace());
   }
   TORCH_CHECK(c.dion_qr == "householder" || c.dion_qr == "cholesky",
               "dion_qr: must be householder or cholesky, got '", c.dion_qr, "'");

@@ -109,6 +109,8 @@ std::vector<ParamGroup> make_param_groups(const Transformer& model, const TrainC
   m.scale_lr_by_fraction = c.algorithm == "dion3";  // lr transfer across fractions (§5.7)
   m.fraction = c.fraction;
   m.ortho.nonfinite = NonFinitePolicy::Propagate;   // the firewall looks at the grad norm
+  m.ortho.execution = parse_execution(c.execution);
+  routing.scalar.ortho.execution = m.ortho.execution;
   auto groups = model->param_groups(routing);
   if (!matrix_alg) {
     // Elementwise baselines: the matrix groups take the scalar optimizer with the matrix lr/wd.

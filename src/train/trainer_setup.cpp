@@ -167,6 +167,10 @@ void restore_progress(TrainRun& r, const std::string& dir) {
   // the interrupted process are replaced by what this process recomputes.
   if (r.lead) write_file_atomically(r.metrics_path, read_whole_file((fs::path(dir) / "metrics.jsonl").string()));
   r.log << "resumed from " << dir << " at step " << r.step << "\n";
+  if (x.contains("intra_op_threads") && x.at("intra_op_threads").get<int>() != at::get_num_threads())
+    r.log << "note: the checkpoint was written with " << x.at("intra_op_threads").get<int>()
+          << " intra-op threads and this process runs " << at::get_num_threads()
+          << ": CPU reductions may round differently from an uninterrupted run\n";
 }
 
 // The CUDA graph, the metrics file and the run's first log line.

@@ -221,7 +221,9 @@ CheckpointMeta checkpoint_meta(const TrainRun& r) {
   for (const auto& e : r.result.evals) evals.push_back({e.step, e.val_loss});
   m.extra = {{"sampler", r.sampler->state()}, {"skipped_nonfinite", r.result.skipped_nonfinite},
              {"skipped_spike", r.result.skipped_spike}, {"evals", evals}, {"schedule_t", r.step},
-             {"optimizer_steps", r.distributed ? r.distributed->step_count() : r.single->step_count()}};
+             {"optimizer_steps", r.distributed ? r.distributed->step_count() : r.single->step_count()},
+             // CPU reductions split by thread count: a resume reuses it for the same bits (orthopt train).
+             {"intra_op_threads", at::get_num_threads()}};
   return m;
 }
 

@@ -71,6 +71,14 @@ std::vector<ParamGroup> make_groups(uint64_t seed) {
   return {muon, dion3, adamw};
 }
 
+// make_groups() with every group on the bank path (ExecutionOptions::banks = on; the CPU default
+// steps per matrix): distributed equals single process there too.
+std::vector<ParamGroup> make_banked_groups(uint64_t seed) {
+  auto groups = make_groups(seed);
+  for (auto& g : groups) g.options.ortho.execution.banks = orthopt::Toggle::On;
+  return groups;
+}
+
 // The Dion test model, fp64 (Dion's own math is fp32; fp64 keeps the storage exact):
 //   group 0 Dion: 3×[16,40], a [3,16,40] stack and a [2,2,16,40] stack (a bank of 10 [16,40]
 //     matrices: the 3-stack straddles ranks at N = 2 and 3, the 4-D one at N = 3), 2×[40,16]
@@ -327,9 +335,10 @@ void run_worker(const std::string& scenario, const std::string& out) {
   const int rank = ctx->rank(), world = ctx->world_size();
   const std::string tag = std::to_string(rank);
 
-  if (scenario == "equal") {
+  if (scenario == "equal" || scenario == "equal_banks") {
+    const Model model = scenario == "equal" ? make_groups : make_banked_groups;
     // Ranks > 0 start from different values: the constructor must broadcast rank 0's.
-    auto groups = make_groups(rank == 0 ? 7 : 7 + rank);
+    auto groups = model(rank == 0 ? 7 : 7 + rank);
     dist::DistributedOptimizer opt(groups, ctx);
     for (int64_t s = 0; s < 3; ++s) {
       set_local_grads(groups, s, rank);
@@ -348,14 +357,14 @@ void run_worker(const std::string& scenario, const std::string& out) {
     EXPECT_EQ(stats.at(rs).payload_bytes, 3 * flat_bytes);
     EXPECT_EQ(stats.at("broadcast").calls, 1);
     // plan_layout describes the same layout without building anything.
-    auto plan = dist::plan_layout(make_groups(7), world);
+    auto plan = dist::plan_layout(model(7), world);
     EXPECT_EQ(plan.chunk_elements, opt.flat_elements_per_rank());
     int64_t owned = 0;
     for (const auto& p : opt.owned_pieces()) owned += (p.end - p.begin) * (p.is_bank ? p.rows * p.cols : 1);
     EXPECT_EQ(plan.owned_elements[rank], owned);
     // build_layout, which orthopt._C.dist_layout hands to the Python engine, is the layout the
     // optimizer runs: same segments, same ranges owned by this rank.
-    const auto layout = dist::build_layout(make_groups(7), world);
+    const auto layout = dist::build_layout(model(7), world);
     EXPECT_EQ(layout.chunk, opt.flat_elements_per_rank());
     ASSERT_EQ(layout.segments.size(), opt.owned_pieces().size());
     for (size_t k = 0; k < layout.segments.size(); ++k) {
@@ -482,16 +491,18 @@ TEST(DistWorker, Entry) {
 
 // ---------------------------------------------------------------- tests
 
-class DistEqualsSingleProcess : public testing::TestWithParam<int> {};
+// (world size, banks): the per-matrix CPU default and the bank path.
+class DistEqualsSingleProcess : public testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(DistEqualsSingleProcess, MuonDion3AdamWUnevenBanks) {
   REQUIRE_GLOO();
-  const int world = GetParam();
-  const std::string out = fresh_dir("equal" + std::to_string(world));
-  auto l = launch(world, "equal", out);
+  const auto [world, banked] = GetParam();
+  const std::string scenario = banked ? "equal_banks" : "equal";
+  const std::string out = fresh_dir(scenario + std::to_string(world));
+  auto l = launch(world, scenario, out);
   ASSERT_EQ(l.rc, 0) << l.err;
   int64_t ref_state = 0;
-  auto want = reference_run(world, 3, &ref_state);
+  auto want = reference_run(world, 3, &ref_state, banked ? make_banked_groups : make_groups);
   int64_t sum_state = 0, max_state = 0;
   for (int r = 0; r < world; ++r) {
     expect_close(load_tensors(out + "/params_" + std::to_string(r) + ".pt"), want, "rank " + std::to_string(r));
@@ -514,7 +525,9 @@ TEST_P(DistEqualsSingleProcess, MuonDion3AdamWUnevenBanks) {
   if (world > 1) EXPECT_LE(share, 1.0 / world + 0.2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, DistEqualsSingleProcess, testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Gloo, DistEqualsSingleProcess,
+                         testing::Values(std::make_tuple(1, false), std::make_tuple(2, false), std::make_tuple(3, false),
+                                         std::make_tuple(2, true), std::make_tuple(3, true)));
 
 TEST(DistSplitStep, GlobalNormClippingEqualsSingleProcess) {
   REQUIRE_GLOO();

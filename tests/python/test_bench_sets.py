@@ -34,14 +34,15 @@ def cpp_sets(tmp_path_factory):
     return json.loads(out.read_text())["sets"]
 
 
-def test_the_sets_are_gpt2_and_llama(cpp_sets):
-    assert list(step_peers.param_sets()) == ["gpt2", "llama"]
-    assert sorted(cpp_sets) == ["gpt2", "llama"]
+def test_the_sets_are_gpt2_llama_and_small(cpp_sets):
+    assert list(step_peers.param_sets()) == ["gpt2", "llama", "small"]
+    assert sorted(cpp_sets) == ["gpt2", "llama", "small"]
 
 
 @pytest.mark.parametrize("name, matrices, others, elements", [
     ("gpt2", 48, 51, 123_606_528),  # GPT-2 124M (embedding 50304x768, no separate head)
     ("llama", 154, 47, 1_261_529_088),  # Llama-style 1.26B (embedding and head)
+    ("small", 16, 5, 4 * ((384 + 128 + 512 + 512) * 128 + 128) + 1000 * 128),
 ])
 def test_python_shapes_and_routing_equal_the_cpp_ones(cpp_sets, name, matrices, others, elements):
     py = step_peers.param_shapes(name)

@@ -62,6 +62,7 @@ def test_string_form_equals_dict_form():
 
 @pytest.mark.parametrize("bad,error,match", [
     ({"bankz": "on"}, ValueError, "unknown field 'bankz'"),
+    ({"bankz": "yes"}, ValueError, "unknown field 'bankz'"),
     ({"banks": "yes"}, ValueError, "field 'banks' must be auto, on or off"),
     ({"banks": True}, TypeError, "execution"),
     ("banks", ValueError, "expected field=value"),
