@@ -188,9 +188,6 @@ NsShape ns_shape(int64_t rows, int64_t cols, const c10::Device& device, const Or
   const OrthoMethod method = resolve_method(m, n, opt);
   return {tall, m, n, method, resolve_compute_dtype(opt, device, method)};
 }
-NsShape ns_shape(const at::Tensor& G3, const OrthoOptions& opt) {
-  return ns_shape(G3.size(1), G3.size(2), G3.device(), opt);
-}
 
 // Whether NS keeps a tall batch in its own layout (Gram NS, gram_in_own_layout). `like`: the
 // batch, or a tensor of its device and dtype.
@@ -489,7 +486,8 @@ at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::
   // NonFinitePolicy::Error where the GPU kernels prepare the NS input: the norms its scaling
   // takes are computed here and flag G, instead of a separate pass over G (ATen's isfinite(G).all()
   // took 2.6–2.8 ms for fp32 [32, 7168, 2048] on an H200, against 18.5 ms of NS).
-  if (opt.nonfinite == NonFinitePolicy::Error && cuda::scale_cast_handles(G3, ns_shape(G3, opt).compute)) {
+  if (opt.nonfinite == NonFinitePolicy::Error &&
+      cuda::scale_cast_handles(G3, ns_shape(G3.size(1), G3.size(2), G3.device(), opt).compute)) {
     // Contiguous once, here: the norms and normalized_input both read it, and each would copy a
     // strided G3 again.
     G3 = G3.contiguous();
