@@ -246,7 +246,8 @@ LayoutPlan plan_layout(const std::vector<ParamGroup>& groups, int world_size);
 // Writes a sharded checkpoint directory: every rank calls it; each writes its optimizer shard
 // into `final_dir`.tmp/, `extra` (if set) runs on rank 0 after a barrier to add its own files
 // (model, metadata), then rank 0 publishes by renaming to `final_dir` and a last barrier lets
-// everyone see it. An existing `final_dir` is refused unless `overwrite`.
+// everyone see it. An existing `final_dir` is refused unless `overwrite`; replaced, it stays whole
+// under `final_dir`.old until the new one is published.
 void save_sharded_checkpoint(DistributedOptimizer& opt, const std::string& final_dir,
                              const std::function<void(const std::string& tmp_dir)>& extra = {},
                              bool overwrite = false);

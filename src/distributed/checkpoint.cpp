@@ -206,9 +206,18 @@ void save_sharded_checkpoint(DistributedOptimizer& opt, const std::string& final
   ctx.barrier();  // all shards are on disk
   if (ctx.rank() == 0) {
     if (extra) extra(tmp);
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    const std::string parent = fs::path(final_dir).parent_path().empty() ? "." : fs::path(final_dir).parent_path().string();
+    // Replacing: the previous checkpoint moves aside first and is deleted only once the new one is
+    // published, so a crash at any point leaves a complete one (final_dir, or final_dir.old).
+    const std::string old = final_dir + ".old";
+    const bool replacing = fs::exists(final_dir);
+    if (replacing) {
+      fs::remove_all(old);
+      fs::rename(final_dir, old);
+    }
     fs::rename(tmp, final_dir);
-    fsync_path(fs::path(final_dir).parent_path().empty() ? "." : fs::path(final_dir).parent_path().string());
+    fsync_path(parent);
+    if (replacing) fs::remove_all(old);
   }
   ctx.barrier();  // published: everyone may read it now
 }

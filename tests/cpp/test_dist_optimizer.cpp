@@ -411,13 +411,19 @@ void run_worker(const std::string& scenario, const std::string& out) {
   } else if (scenario == "save") {  // ORTHOPT_DIST_SAVE_STEPS (2) steps, then a sharded checkpoint with the model
     auto groups = model_from_env()(7);
     dist::DistributedOptimizer opt(groups, ctx);
-    for (int64_t s = 0; s < std::stoi(env("ORTHOPT_DIST_SAVE_STEPS", "2")); ++s) {
+    const int64_t steps = std::stoi(env("ORTHOPT_DIST_SAVE_STEPS", "2"));
+    auto save = [&](bool overwrite) {
+      dist::save_sharded_checkpoint(
+          opt, out + "/ckpt", [&](const std::string& tmp) { write_params(groups, tmp + "/model.pt"); }, overwrite);
+    };
+    for (int64_t s = 0; s < steps; ++s) {
       set_local_grads(groups, s, rank);
       opt.step();
+      // A checkpoint one step earlier, replaced by the last one (what the resume tests load).
+      if (s + 2 == steps) save(false);
     }
-    dist::save_sharded_checkpoint(opt, out + "/ckpt", [&](const std::string& tmp) {
-      write_params(groups, tmp + "/model.pt");
-    });
+    save(steps >= 2);
+    EXPECT_FALSE(fs::exists(out + "/ckpt.old")) << "the replaced checkpoint was left behind";
   } else if (scenario == "resume") {  // load at this world size, continue up to 4 steps
     auto groups = model_from_env()(99);  // overwritten by the checkpoint's model
     const std::string ckpt = env("ORTHOPT_DIST_CKPT");
