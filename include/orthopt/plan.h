@@ -19,10 +19,11 @@ struct BankPlan {
   std::string dtype;  // the parameters' dtype
   // fused: orthopt's CUDA kernels; banked: ATen operations per bank; reference: per matrix.
   std::string path;
-  // Newton–Schulz (empty for the algorithms and paths without it): method, compute dtype, and
-  // for tall matrices (rows > cols) whether NS works on the transpose or in the matrix's layout.
+  // Newton–Schulz (empty for the algorithms without it; Dion: its power iteration and QR): method,
+  // compute dtype, and for tall matrices (rows > cols) whether NS works on the transpose or in the
+  // matrix's layout.
   std::string ns_method, ns_dtype, layout;
-  int64_t ns_rows = 0;        // rows NS sees (Dion3: the selected rows)
+  int64_t ns_rows = 0;        // rows NS sees (Dion3: the selected rows; Dion: the rank r)
   bool side_stream = false;   // its chain of products runs on a side stream
   std::vector<std::string> kernels;  // the fused kernels and epilogues this bank's step runs
   double flops = 0;  // estimated: products (NS, Dion's power iteration) and elementwise work

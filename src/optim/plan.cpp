@@ -161,7 +161,10 @@ BankPlan OptimizerImpl::describe(size_t g, const GroupPlan& plan, size_t k) cons
     const double m = static_cast<double>(b.rows), c = static_cast<double>(b.cols);
     d.flops = B * (2 * m * c * r * 2 + 4 * m * r * r) + 6 * n;
     d.bytes = n * static_cast<double>(2 * sb + pb + 2 * wb + 4);
-    d.layout = o.dion_qr == DionQr::Cholesky ? "cholesky-qr2" : "householder-qr";
+    // No NS: one power iteration and the QR of the [m, r] product (rank r).
+    d.ns_method = o.dion_qr == DionQr::Cholesky ? "power-cholqr2" : "power-qr";
+    d.ns_dtype = "fp32";
+    d.ns_rows = static_cast<int64_t>(r);
     if (plan.path == GroupPlan::Path::Fused) d.kernels = {"update"};
     return d;
   }
@@ -259,7 +262,7 @@ StepPlan Optimizer::plan() const {
     std::vector<detail::NsPlan> ns;
     std::vector<size_t> where;
     for (size_t k = first; k < out.banks.size() && out.banks[k].group == g; ++k) {
-      if (!out.banks[k].ns_method.empty() && out.banks[k].path != "reference") {
+      if (!out.banks[k].ns_method.empty() && out.banks[k].algorithm != "dion" && out.banks[k].path != "reference") {
         const auto& grp = impl.groups[g];
         ns.push_back(detail::plan_ns(out.banks[k].matrices, out.banks[k].ns_rows, out.banks[k].cols,
                                      grp.params[0].device(), grp.params[out.banks[k].params[0]].scalar_type(),
@@ -292,7 +295,7 @@ std::string StepPlan::to_string() const {
   std::ostringstream s;
   s << "device " << device << ", execution " << execution << "\n";
   s << std::left << std::setw(3) << "g" << std::setw(9) << "algo" << std::setw(6) << "n" << std::setw(14) << "shape"
-    << std::setw(6) << "dtype" << std::setw(10) << "path" << std::setw(22) << "ns" << std::setw(19) << "layout"
+    << std::setw(6) << "dtype" << std::setw(10) << "path" << std::setw(26) << "ns" << std::setw(19) << "layout"
     << std::setw(6) << "side" << std::setw(10) << "GFLOP" << std::setw(9) << "MB"
     << "kernels\n";
   for (const auto& b : banks) {
@@ -302,11 +305,12 @@ std::string StepPlan::to_string() const {
     else
       shape << b.numel;
     std::string ns = b.ns_method.empty() ? "-" : b.ns_method + "/" + b.ns_dtype;
-    if (!b.ns_method.empty() && b.ns_rows != b.rows) ns += " k=" + std::to_string(b.ns_rows);
+    if (!b.ns_method.empty() && b.ns_rows != b.rows)
+      ns += (b.algorithm == "dion" ? " r=" : " k=") + std::to_string(b.ns_rows);
     std::string kernels;
     for (const auto& k : b.kernels) kernels += (kernels.empty() ? "" : ", ") + k;
     s << std::left << std::setw(3) << b.group << std::setw(9) << b.algorithm << std::setw(6) << b.matrices
-      << std::setw(14) << shape.str() << std::setw(6) << b.dtype << std::setw(10) << b.path << std::setw(22) << ns
+      << std::setw(14) << shape.str() << std::setw(6) << b.dtype << std::setw(10) << b.path << std::setw(26) << ns
       << std::setw(19) << (b.layout.empty() ? "-" : b.layout) << std::setw(6) << (b.side_stream ? "yes" : "-")
       << std::setw(10) << std::fixed << std::setprecision(2) << b.flops / 1e9 << std::setw(9) << std::setprecision(1)
       << b.bytes / 1e6 << (kernels.empty() ? "-" : kernels) << "\n";
