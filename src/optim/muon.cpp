@@ -136,18 +136,16 @@ void OptimizerImpl::step_muon_fused(size_t g, const std::vector<size_t>& idx, co
   for (size_t k = 0; k < bks.size(); ++k) {
     const Bank& b = bks[k];
     if (!plan.muon[k].fold) continue;
-    {
-      detail::FoldedUpdate& u = folds[k];
-      for (size_t i : b.params) {
-        const at::Tensor w3 = params[i].detach().view({-1, b.rows, b.cols});
-        for (int64_t e = 0; e < w3.size(0); ++e) u.weights.push_back(w3[e]);
-      }
-      u.factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
-      u.lr = lr;
-      u.weight_decay = o.weight_decay;
-      u.keep = keep_flag();
-      fold_of[k] = &u;
+    detail::FoldedUpdate& u = folds[k];
+    for (size_t i : b.params) {
+      const at::Tensor w3 = params[i].detach().view({-1, b.rows, b.cols});
+      for (int64_t e = 0; e < w3.size(0); ++e) u.weights.push_back(w3[e]);
     }
+    u.factor = lr_adjust_factor(o.lr_adjust, b.rows, b.cols);
+    u.lr = lr;
+    u.weight_decay = o.weight_decay;
+    u.keep = keep_flag();
+    fold_of[k] = &u;
   }
   std::vector<at::Tensor> ns;
   if (o.ortho.split_sizes.empty())
