@@ -72,7 +72,9 @@ GroupPlan OptimizerImpl::plan_group(size_t g, const std::vector<size_t>& idx) co
   switch (o.algorithm) {
     case Algorithm::Muon:
     case Algorithm::NorMuon:
-      plan.path = kernels ? Path::Fused : (o.algorithm == Algorithm::NorMuon && banked) ? Path::Banked : Path::Reference;
+      plan.path = kernels                                          ? Path::Fused
+                  : (o.algorithm == Algorithm::NorMuon && banked) ? Path::Banked
+                                                                  : Path::Reference;
       break;
     case Algorithm::Dion3:
     case Algorithm::Dion: plan.path = !banked ? Path::Reference : kernels ? Path::Fused : Path::Banked; break;
@@ -94,9 +96,11 @@ GroupPlan OptimizerImpl::plan_group(size_t g, const std::vector<size_t>& idx) co
   const bool direct = o.algorithm == Algorithm::Muon && o.ortho.split_sizes.empty();
   for (const Bank& b : plan.banks) {
     std::vector<at::ScalarType> momentum_dtypes, grad_dtypes;
+    at::Tensor like;  // a momentum once the state exists (no tensor made in the step)
     for (size_t i : b.params) {
       const at::Tensor& p = grp.params[i];
       const auto it = state[g][i].find("momentum");
+      if (it != state[g][i].end() && !like.defined()) like = it->second;
       momentum_dtypes.push_back(it != state[g][i].end() ? it->second.scalar_type() : state_dtype(p, o));
       grad_dtypes.push_back(p.grad().defined() ? p.grad().scalar_type() : p.scalar_type());
     }
@@ -106,7 +110,8 @@ GroupPlan OptimizerImpl::plan_group(size_t g, const std::vector<size_t>& idx) co
     GroupPlan::MuonBank choice;
     // One launch per bank for the momentum and the NS input: its momenta in one dtype, its
     // gradients in one (mixed banks, e.g. bf16 and fp32 params of one shape, take two passes).
-    const at::Tensor like = at::empty({0}, at::TensorOptions().device(device).dtype(momentum_dtypes[0]));
+    if (!like.defined() || like.scalar_type() != momentum_dtypes[0])
+      like = at::empty({0}, at::TensorOptions().device(device).dtype(momentum_dtypes[0]));
     const std::optional<at::ScalarType> ns_dtype = detail::prepared_input_dtype(b.rows, b.cols, ortho, like);
     if (ns_dtype && resolve(e.fused_ns_input, true) && one_dtype(momentum_dtypes) && one_dtype(grad_dtypes) &&
         cuda::momentum_ns_input_handles(device, b.rows, b.cols))
@@ -240,7 +245,8 @@ StepPlan Optimizer::plan() const {
           cols = msz.back();
           count = leading_count(msz);
         }
-        const auto key = matrix ? std::make_tuple(rows, cols, p.scalar_type()) : std::make_tuple(int64_t{0}, int64_t{0}, p.scalar_type());
+        const auto key = matrix ? std::make_tuple(rows, cols, p.scalar_type())
+                                : std::make_tuple(int64_t{0}, int64_t{0}, p.scalar_type());
         auto [it, fresh] = index.try_emplace(key, plan.banks.size());
         if (fresh) {
           plan.banks.emplace_back();
@@ -273,7 +279,8 @@ StepPlan Optimizer::plan() const {
     while (first < out.banks.size() && out.banks[first].group == g) ++first;
     if (ns.empty()) continue;
     const KernelsScope kernels_scope(impl.groups[g].options.ortho.execution.kernels);
-    for (const auto& chain : detail::plan_chains(ns, impl.groups[g].params[0].device(), impl.groups[g].options.ortho.execution))
+    const auto& grp = impl.groups[g];
+    for (const auto& chain : detail::plan_chains(ns, grp.params[0].device(), grp.options.ortho.execution))
       for (size_t i : chain.inputs) out.banks[where[i]].side_stream = chain.side_stream;
   }
   return out;

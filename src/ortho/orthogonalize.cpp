@@ -260,7 +260,7 @@ bool on_side_stream(double work, Toggle choice) { return resolve(choice, work <=
 }  // namespace
 
 detail::NsPlan detail::plan_ns(int64_t batch, int64_t rows, int64_t cols, c10::Device device, at::ScalarType input,
-                               const OrthoOptions& opt) {
+                               const OrthoOptions& opt, const at::Tensor& like_given) {
   const NsShape shape = ns_shape(rows, cols, device, opt);
   NsPlan p;
   p.tall = shape.tall;
@@ -268,7 +268,8 @@ detail::NsPlan detail::plan_ns(int64_t batch, int64_t rows, int64_t cols, c10::D
   p.n = shape.n;
   p.method = shape.method;
   p.compute = shape.compute;
-  const at::Tensor like = at::empty({0}, at::TensorOptions().device(device).dtype(input));
+  const at::Tensor like =
+      like_given.defined() ? like_given : at::empty({0}, at::TensorOptions().device(device).dtype(input));
 #ifdef ORTHOPT_WITH_CUDA
   p.kernels = cuda::scale_cast_handles(like, shape.compute);
 #endif
@@ -332,7 +333,7 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
   for (size_t i = 0; i < G3s.size(); ++i) {
     const at::Tensor& G3 = G3s[i];
     TORCH_CHECK(G3.device() == device, "argument 'G': batch ", i, " is on ", G3.device(), ", batch 0 on ", device);
-    plans.push_back(detail::plan_ns(G3.size(0), G3.size(1), G3.size(2), device, G3.scalar_type(), opt));
+    plans.push_back(detail::plan_ns(G3.size(0), G3.size(1), G3.size(2), device, G3.scalar_type(), opt, G3));
     if (plans.back().method == OrthoMethod::Gram) {
       const std::string warning = gram_precision_warning(opt, plans.back().compute);
       if (!warning.empty()) {
@@ -384,7 +385,8 @@ std::vector<at::Tensor> orthogonalize_batches(const std::vector<at::Tensor>& G3s
                        update_of(i, x, /*transposed=*/plans[i].tall), plans[i].tall);
   };
   const std::vector<detail::NsChain> chains = detail::plan_chains(plans, device, opt.execution);
-  const bool any_side = std::any_of(chains.begin(), chains.end(), [](const detail::NsChain& c) { return c.side_stream; });
+  const bool any_side =
+      std::any_of(chains.begin(), chains.end(), [](const detail::NsChain& c) { return c.side_stream; });
 #ifdef ORTHOPT_WITH_CUDA
   if (any_side) {
     std::vector<std::function<void()>> parallel{[&] {

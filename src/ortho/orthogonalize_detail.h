@@ -62,8 +62,10 @@ struct NsPlan {
   bool own_layout = false;
   double work = 0;
 };
+// like: a tensor of that device and dtype when the caller has one (the input itself), so that
+// none is made in the step's hot path.
 NsPlan plan_ns(int64_t batch, int64_t rows, int64_t cols, c10::Device device, at::ScalarType input,
-               const OrthoOptions& opt);
+               const OrthoOptions& opt, const at::Tensor& like = {});
 // An independent chain of NS products: a Gram group (inputs with the same m and compute dtype
 // iterating together) or one standard input; side_stream: it runs on a side stream beside the
 // first chain (which stays on the caller's). In the order the chains are enqueued.
