@@ -16,10 +16,6 @@
 #include <unordered_set>
 
 #include "optim/update_math.h"
-#ifdef ORTHOPT_WITH_CUDA
-#include "cuda/multi_tensor_cuda.h"
-#include "cuda/products_cuda.h"
-#endif
 
 namespace orthopt {
 
@@ -114,8 +110,6 @@ bool use_banks(c10::Device device, const ExecutionOptions& e) {
   if (e.banks != Toggle::Auto) return e.banks == Toggle::On;
   return gpu_kernels_enabled() && !device.is_cpu();
 }
-
-
 
 // The tensors `ts` (one per param of a bank, each its matrices as r×c: the weights r = rows,
 // c = cols, the variance c = 1) as one [B, r, c] tensor in `dtype`: a view of `ts[0]` when it is

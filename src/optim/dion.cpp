@@ -7,7 +7,6 @@
 #include "optim/update_math.h"
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
-#include "cuda/products_cuda.h"
 #endif
 
 namespace orthopt {

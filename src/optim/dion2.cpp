@@ -2,15 +2,10 @@
 #include "optim/optimizer_impl.h"
 
 #include "optim/update_math.h"
-#ifdef ORTHOPT_WITH_CUDA
-#include "cuda/multi_tensor_cuda.h"
-#include "cuda/products_cuda.h"
-#endif
 
 namespace orthopt {
 
 using namespace optim_core;
-using optim_detail::lr_adjust_factor;
 
 // ---- Dion2 (dion's Dion2): Dion3's steps 1-4 and 6 without the normalization (5), selecting
 // along the shorter side: rows when rows <= cols, else columns (the rows of the transpose).

@@ -4,13 +4,11 @@
 #include "optim/update_math.h"
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
-#include "cuda/products_cuda.h"
 #endif
 
 namespace orthopt {
 
 using namespace optim_core;
-using optim_detail::lr_adjust_factor;
 
 // ---- Lion
 void OptimizerImpl::step_lion(size_t g, const at::Tensor& lr) {

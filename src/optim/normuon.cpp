@@ -2,15 +2,10 @@
 #include "optim/optimizer_impl.h"
 
 #include "optim/update_math.h"
-#ifdef ORTHOPT_WITH_CUDA
-#include "cuda/multi_tensor_cuda.h"
-#include "cuda/products_cuda.h"
-#endif
 
 namespace orthopt {
 
 using namespace optim_core;
-using optim_detail::lr_adjust_factor;
 
 // NorMuon (§4) on a bank's orthogonalized matrices U [B, rows, cols], for the bank with its
 // params' variances stacked: commits them and returns Û = U · factors [B, rows, cols].

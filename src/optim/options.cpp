@@ -11,8 +11,6 @@
 namespace orthopt {
 
 using namespace optim_core;
-using optim_detail::lr_adjust_factor;
-
 
 // ---------------------------------------------------------------- names
 
