@@ -29,11 +29,11 @@ std::string blas_threading();
 // whose spinning pool makes torch's threads slow down the products (runtime.cpp says by how much).
 int default_intra_op_threads(int cores, const std::string& blas_threading);
 
-// Whether orthopt's CUDA kernels may run in this thread: the products, the multi-tensor step,
-// scale_cast. True unless a KernelsScope with ExecutionOptions::kernels = Off is open (the
+// Whether orthopt's own kernels may run in this thread: on CUDA the products, the multi-tensor
+// step and scale_cast; on the CPU the fused update loops (AdamW, Lion). True unless a KernelsScope with ExecutionOptions::kernels = Off is open (the
 // optimizer's step and orthogonalize() open one from their options), which leaves the ATen
 // reference paths.
-bool gpu_kernels_enabled();
+bool kernels_enabled();
 
 // Switches the CUDA kernels off in this thread for the scope's lifetime when `kernels` is
 // Toggle::Off (Auto and On leave the enclosing choice), then restores it.

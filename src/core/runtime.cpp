@@ -81,7 +81,7 @@ namespace {
 thread_local bool kernels_on = true;
 }  // namespace
 
-bool gpu_kernels_enabled() { return kernels_on; }
+bool kernels_enabled() { return kernels_on; }
 
 KernelsScope::KernelsScope(Toggle kernels) : prev_(kernels_on) {
   if (kernels == Toggle::Off) kernels_on = false;

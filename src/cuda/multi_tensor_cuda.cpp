@@ -163,7 +163,7 @@ void bump_versions(const std::vector<at::Tensor>& written) {
 bool multi_tensor_handles(const at::Tensor& t) {
   if (!t.defined() || !t.is_cuda() || !supported_dtype(t.scalar_type()) || !t.is_contiguous() || t.numel() == 0)
     return false;
-  return gpu_kernels_enabled();
+  return kernels_enabled();
 }
 
 void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at::Tensor>& grads,
@@ -209,7 +209,7 @@ at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq) {
 }
 
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols) {
-  if (!device.is_cuda() || !gpu_kernels_enabled()) return false;
+  if (!device.is_cuda() || !kernels_enabled()) return false;
   const c10::cuda::CUDAGuard guard(device);
   return orthopt_momentum_ns_input_fits(rows, cols) == 1;
 }

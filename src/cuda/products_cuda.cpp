@@ -58,13 +58,13 @@ bool is_transposed_view(const at::Tensor& t) {
 
 bool handles(const at::Tensor& t) {
   if (!t.is_cuda() || (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf)) return false;
-  return gpu_kernels_enabled();
+  return kernels_enabled();
 }
 
 bool scale_cast_handles(const at::Tensor& in, at::ScalarType out_dtype) {
   if (!in.defined() || !in.is_cuda() || !elementwise_dtype(in.scalar_type()) || !elementwise_dtype(out_dtype))
     return false;
-  return gpu_kernels_enabled();
+  return kernels_enabled();
 }
 
 at::Tensor sym_abt(const at::Tensor& A_in, const at::Tensor& B_in, double alpha, const at::Tensor& C_in, double beta,

@@ -11,7 +11,7 @@
 namespace orthopt::cuda {
 
 // Whether the kernels take this operand: a CUDA tensor in bf16 or fp16, with the kernels on in
-// this thread (gpu_kernels_enabled(): off inside a KernelsScope of execution kernels=off).
+// this thread (kernels_enabled(): off inside a KernelsScope of execution kernels=off).
 bool handles(const at::Tensor& t);
 
 // Whether t [B, r, c] is not contiguous but its transpose [B, c, r] is (Newton–Schulz's view of

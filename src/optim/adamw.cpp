@@ -1,6 +1,7 @@
-// AdamW (algorithms.md §7): the reference step and the fused CUDA step.
+// AdamW (algorithms.md §7): the reference step and the fused step (CUDA kernel, CPU loop).
 #include "optim/optimizer_impl.h"
 
+#include "optim/cpu_loops.h"
 #include "optim/update_math.h"
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
@@ -14,9 +15,7 @@ using namespace optim_core;
 void OptimizerImpl::step_adamw(size_t g, const at::Tensor& lr) {
   const auto& o = groups[g].options;
   const auto idx = active(g);
-#ifdef ORTHOPT_WITH_CUDA
   if (plan_group(g, idx).path == GroupPlan::Path::Fused) return step_adamw_fused(g, idx, lr);
-#endif
   for (size_t i : idx) {
     auto& st = state_of(g, i);
     const auto& p = groups[g].params[i];
@@ -32,9 +31,25 @@ void OptimizerImpl::step_adamw(size_t g, const at::Tensor& lr) {
   }
 }
 
-#ifdef ORTHOPT_WITH_CUDA
 void OptimizerImpl::step_adamw_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr) {
   const auto& o = groups[g].options;
+  if (groups[g].params[idx[0]].device().is_cpu()) {
+    // A skipped step leaves everything as it was, as the reference's commit() does.
+    if (keep_flag().defined() && !keep_flag().item<bool>()) return;
+    const optim_detail::DecayOptions decay{lr.item<double>(), o.weight_decay, o.cautious_weight_decay};
+    for (size_t i : idx) {
+      auto& st = state_of(g, i);
+      st.at("step").add_(1);
+      // The bias corrections as the reference computes them (0-d fp64), then rounded alike.
+      const at::Tensor t = st.at("step").to(at::kDouble);
+      const double bc1 = (1.0 - at::pow(o.beta1, t)).item<double>();
+      const double bc2_sqrt = (1.0 - at::pow(o.beta2, t)).sqrt().item<double>();
+      optim_detail::adamw_cpu(groups[g].params[i].grad(), st.at("exp_avg"), st.at("exp_avg_sq"),
+                              groups[g].params[i].detach(), bc1, bc2_sqrt, o.beta1, o.beta2, o.eps, decay);
+    }
+    return;
+  }
+#ifdef ORTHOPT_WITH_CUDA
   std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, counts, weights, copies;
   for (size_t i : idx) {
     auto& st = state_of(g, i);
@@ -46,7 +61,7 @@ void OptimizerImpl::step_adamw_fused(size_t g, const std::vector<size_t>& idx, c
   }
   cuda::adamw(grads, exp_avgs, exp_avg_sqs, counts, weights, copies, lr, o.beta1, o.beta2, o.eps, o.weight_decay,
               o.cautious_weight_decay, keep_flag());
+#endif
 }
-#endif  // ORTHOPT_WITH_CUDA
 
 }  // namespace orthopt

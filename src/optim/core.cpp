@@ -108,7 +108,7 @@ int64_t leading_count(const std::vector<int64_t>& msz) {
 // (ExecutionOptions::kernels) Auto gives the per-matrix path everywhere.
 bool use_banks(c10::Device device, const ExecutionOptions& e) {
   if (e.banks != Toggle::Auto) return e.banks == Toggle::On;
-  return gpu_kernels_enabled() && !device.is_cpu();
+  return kernels_enabled() && !device.is_cpu();
 }
 
 // The tensors `ts` (one per param of a bank, each its matrices as r×c: the weights r = rows,

@@ -182,6 +182,9 @@ class OptimizerImpl {
   // Whether orthopt's multi-tensor kernels take param i of group g, its gradient (or, without
   // one, a gradient like the param) and its state (the state it will get, before the first step).
   bool kernels_take(size_t g, size_t i) const;
+  // Whether the CPU update loops (AdamW, Lion; cpu_loops.h) take param i of group g, its
+  // gradient and its state (present or to be made).
+  bool cpu_loops_take(size_t g, size_t i) const;
 
   // ---- core.cpp
   StateDict& state_of(size_t g, size_t i);
@@ -233,15 +236,11 @@ class OptimizerImpl {
 
   // ---- adamw.cpp
   void step_adamw(size_t g, const at::Tensor& lr);
-#ifdef ORTHOPT_WITH_CUDA
   void step_adamw_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr);
-#endif
 
   // ---- lion.cpp
   void step_lion(size_t g, const at::Tensor& lr);
-#ifdef ORTHOPT_WITH_CUDA
   void step_lion_fused(size_t g, const std::vector<size_t>& idx, const at::Tensor& lr);
-#endif
 
 #ifdef ORTHOPT_WITH_CUDA
   // ---- core.cpp: the fused multi-tensor path

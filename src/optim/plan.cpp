@@ -14,6 +14,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "optim/cpu_loops.h"
 #include "optim/update_math.h"
 #ifdef ORTHOPT_WITH_CUDA
 #include "cuda/multi_tensor_cuda.h"
@@ -58,6 +59,16 @@ bool OptimizerImpl::kernels_take(size_t g, size_t i) const {
 #endif
 }
 
+bool OptimizerImpl::cpu_loops_take(size_t g, size_t i) const {
+  const at::Tensor& p = groups[g].params[i];
+  const GroupOptions& o = groups[g].options;
+  if (!optim_detail::cpu_loops_take(p) || uses_master(p, o) || state_dtype(p, o) != at::kFloat) return false;
+  if (p.grad().defined() && !optim_detail::cpu_loops_take(p.grad())) return false;
+  for (const auto& [name, t] : state[g][i])
+    if (!optim_detail::cpu_loops_take(t)) return false;
+  return true;
+}
+
 GroupPlan OptimizerImpl::plan_group(size_t g, const std::vector<size_t>& idx) const {
   GroupPlan plan;
   if (idx.empty()) return plan;
@@ -80,7 +91,13 @@ GroupPlan OptimizerImpl::plan_group(size_t g, const std::vector<size_t>& idx) co
     case Algorithm::Dion: plan.path = !banked ? Path::Reference : kernels ? Path::Fused : Path::Banked; break;
     case Algorithm::Dion2: plan.path = Path::Reference; break;
     case Algorithm::AdamW:
-    case Algorithm::Lion: plan.path = kernels ? Path::Fused : Path::Reference; break;
+    case Algorithm::Lion: {
+      // On the CPU the fused path is one loop per param (cpu_loops.h), the same bits.
+      const bool loops = device.is_cpu() && kernels_enabled() &&
+                         std::all_of(idx.begin(), idx.end(), [&](size_t i) { return cpu_loops_take(g, i); });
+      plan.path = kernels || loops ? Path::Fused : Path::Reference;
+      break;
+    }
   }
   if (plan.path != Path::Reference && is_matrix_algorithm(o.algorithm)) plan.banks = banks(g, idx);
   if (plan.path != Path::Fused || (o.algorithm != Algorithm::Muon && o.algorithm != Algorithm::NorMuon)) return plan;

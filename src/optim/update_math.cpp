@@ -374,7 +374,7 @@ at::Tensor householder_q(const at::Tensor& P) {
   // Panels of the width whose launches take the fewest waves on this GPU (a panel's columns are
   // sequential, so a second wave doubles its time), the widest of those (fewer panels and
   // launches, longer inner dimensions for the products); taller than the kernel takes: cuSOLVER.
-  if (P.is_cuda() && P.scalar_type() == at::kFloat && gpu_kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
+  if (P.is_cuda() && P.scalar_type() == at::kFloat && kernels_enabled() && P.dim() >= 2 && P.numel() > 0 &&
       P.size(-2) >= P.size(-1)) {
     const int64_t m = P.size(-2), r = P.size(-1), batch = P.numel() / (m * r);
     int64_t best = 0, best_waves = 0;

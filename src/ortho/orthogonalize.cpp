@@ -293,7 +293,7 @@ std::vector<detail::NsChain> detail::plan_chains(const std::vector<NsPlan>& plan
   for (size_t i = 0; i < plans.size(); ++i)
     if (plans[i].method != OrthoMethod::Gram) chains.push_back({{i}, false, plans[i].work, false});
 #ifdef ORTHOPT_WITH_CUDA
-  if (device.is_cuda() && gpu_kernels_enabled() && chains.size() > 1) {
+  if (device.is_cuda() && kernels_enabled() && chains.size() > 1) {
     // The largest chain stays on the caller's stream; the small ones go beside it, the rest
     // follow it there.
     std::stable_sort(chains.begin(), chains.end(), [](const NsChain& a, const NsChain& b) { return a.work > b.work; });

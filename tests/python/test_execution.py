@@ -105,8 +105,10 @@ def test_plan_lists_every_bank_with_its_path():
     assert by_shape[(0, 16, 24)]["matrices"] == 2 and by_shape[(0, 16, 24)]["params"] == [0, 1]
     assert by_shape[(0, 40, 12)]["layout"] == "transposed (tall)"
     assert by_shape[(1, 0, 0)]["numel"] == 24 and by_shape[(1, 0, 0)]["algorithm"] == "adamw"
-    # The CPU default: NorMuon per matrix; with banks on, per bank.
-    assert {b["path"] for b in plan.banks} == {"reference"}
+    # The CPU default: NorMuon per matrix, AdamW's fp32 vector in the CPU loop; with banks on,
+    # NorMuon per bank.
+    assert [b["path"] for b in plan.banks if b["group"] == 0] == ["reference", "reference"]
+    assert by_shape[(1, 0, 0)]["path"] == "fused" and by_shape[(1, 0, 0)]["kernels"] == ["adamw"]
     banked = orthopt.NorMuon(groups(), execution="banks=on").plan()
     assert [b["path"] for b in banked.banks if b["group"] == 0] == ["banked", "banked"]
     assert banked.execution == "banks=on"
