@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -355,13 +356,9 @@ constexpr int kNsWarps = kNsThreads / 32;
 constexpr int kNsIlp = 8;
 constexpr int kNsMaxMats = 112;  // matrices per launch: their pointers travel in the arguments
 
-// The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
-// adds rows t, t + kNsThreads, ... in turn, then a tree over the threads. Deterministic, and
-// the same in both kernels that call it (red: kNsThreads floats of shared memory). Rows written
-// by other blocks are read from L2 (__ldcg), past the caller's fence.
-__device__ float norm_from_row_sumsq(const float* row_sumsq, int64_t rows, float* red) {
-  float s = 0.0f;
-  for (int64_t r = threadIdx.x; r < rows; r += kNsThreads) s = __fadd_rn(s, __ldcg(row_sumsq + r));
+// Σ of every thread's s in a fixed tree over the threads (red: kNsThreads floats of shared
+// memory, free again on return).
+__device__ float block_tree_sum(float s, float* red) {
   red[threadIdx.x] = s;
   __syncthreads();
   for (int off = kNsThreads / 2; off > 0; off /= 2) {
@@ -370,15 +367,97 @@ __device__ float norm_from_row_sumsq(const float* row_sumsq, int64_t rows, float
   }
   const float total = red[0];
   __syncthreads();  // red is reused by the next call
-  return __fsqrt_rn(total);
+  return total;
 }
 
-// One block per matrix: norms[b] from the row sums of matrix b (the two-pass form).
-__global__ void __launch_bounds__(kNsThreads) norms_from_row_sumsq_kernel(const float* row_sumsq, int64_t rows,
-                                                                          float* norms) {
+// The largest of every thread's v (>= 0; NaN is dropped by fmaxf), as block_tree_sum.
+__device__ float block_max(float v, float* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int off = kNsThreads / 2; off > 0; off /= 2) {
+    if (static_cast<int>(threadIdx.x) < off) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + off]);
+    __syncthreads();
+  }
+  const float m = red[0];
+  __syncthreads();
+  return m;
+}
+
+// The Frobenius norm of one matrix from its rows' sums of squares, in a fixed order: thread t
+// adds rows t, t + kNsThreads, ... in turn, then a tree over the threads. Deterministic, and
+// the same in both kernels that call it (red: kNsThreads floats of shared memory). Rows written
+// by other blocks are read from L2 (__ldcg), past the caller's fence.
+__device__ float norm_from_row_sumsq(const float* row_sumsq, int64_t rows, float* red) {
+  float s = 0.0f;
+  for (int64_t r = threadIdx.x; r < rows; r += kNsThreads) s = __fadd_rn(s, __ldcg(row_sumsq + r));
+  return __fsqrt_rn(block_tree_sum(s, red));
+}
+
+// ---- norms whose fp32 sum of squares overflowed. Finite entries beyond |x| ≈ 1.8e19 (or many
+// somewhat smaller ones) make Σx² +Inf in fp32, so the divisor is Inf and the NS input all
+// zeros. The reference (src/ortho/orthogonalize.cpp: normalized_input, pow2_scale) divides by a
+// power of two p first: X/(‖X‖·s + eps) = (X/p)/(‖X/p‖·s + eps/p) with max|X/p| in [1, 2), whose
+// sum cannot overflow. The kernels take that detour only where the plain sum is +Inf, so every
+// other result keeps its bits. A NaN entry makes the sum NaN and an Inf entry gives p = 1: both
+// keep the plain path's result.
+
+// pow2_scale's p for a matrix whose largest magnitude is amax (>= 0): amax's exponent bits, the
+// power of two that brings amax into [1, 2); 2^-126 for zero or subnormal, 1 for Inf or NaN.
+__device__ __forceinline__ float pow2_of(float amax) {
+  uint32_t e = __float_as_uint(amax) & 0x7f800000u;
+  if (e == 0u) e = 0x00800000u;
+  if (e == 0x7f800000u) e = 0x3f800000u;
+  return __uint_as_float(e);
+}
+
+// The norm of matrix x [rows, cols] (dtype dt, contiguous) whose sum of squares overflowed:
+// p·√Σ(x/p)², p = pow2_of(max|x|). The rows' sums of (x/p)² are those of momentum_row (one warp
+// per row, lane l adding columns l, l + 32, ... in turn, then warp_sum), and they are added in
+// norm_from_row_sumsq's order, so that for the two-pass form's fp32 stack the sum is the
+// one-pass kernel's (momentum_ns_input_kernel) bit for bit. p·√Σ then equals the reference's
+// scaled divisor's terms exactly (scaling by a power of two commutes with rounding: x/(p·n·s +
+// eps) is (x/p)/(n·s + eps/p)), unless eps/p underflows, where eps is negligible beside n·s
+// anyway. Where p·√Σ itself exceeds the fp32 range (entries ≳ 3.4e38/√(rows·cols)) the result
+// is +Inf still: a caller that divides by this norm gets zeros there. red: kNsThreads floats of
+// shared memory; every thread returns the norm.
+__device__ float rescaled_norm(const void* x, orthopt_dtype dt, int64_t rows, int64_t cols, float* red) {
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  float m = 0.0f;
+  for (int64_t e = threadIdx.x; e < rows * cols; e += kNsThreads) m = fmaxf(m, fabsf(load(x, e, dt)));
+  const float p = pow2_of(block_max(m, red));
+  float s = 0.0f;  // thread t: rows t, t + kNsThreads, ...
+  for (int64_t r0 = 0; r0 < rows; r0 += kNsThreads) {
+    for (int64_t lr = warp; lr < kNsThreads && r0 + lr < rows; lr += kNsWarps) {
+      const int64_t start = (r0 + lr) * cols;
+      float q = 0.0f;
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float v = __fdiv_rn(load(x, start + c, dt), p);
+        q = __fadd_rn(q, __fmul_rn(v, v));
+      }
+      q = warp_sum(q);
+      if (lane == 0) red[lr] = q;
+    }
+    __syncthreads();
+    if (r0 + threadIdx.x < rows) s = __fadd_rn(s, red[threadIdx.x]);
+    __syncthreads();
+  }
+  return __fmul_rn(p, __fsqrt_rn(block_tree_sum(s, red)));
+}
+
+// One block per matrix b: norms[b] from the row sums of matrix b (the two-pass form), or, with
+// row_sumsq NULL, norms[b] as given (orthopt_repair_norms). Where that norm is +Inf, it is
+// recomputed from matrix b of x [batch, rows, cols] (rescaled_norm); the branch is the same for
+// the whole block (one value) and costs nothing elsewhere. At least one block per multiprocessor
+// in the bounds: without it ptxas held the kernel to 32 registers and spilled.
+__global__ void __launch_bounds__(kNsThreads, 1) norms_kernel(const float* row_sumsq, const void* x, orthopt_dtype dt,
+                                                              int64_t rows, int64_t cols, float* norms) {
   __shared__ float red[kNsThreads];
-  const float n = norm_from_row_sumsq(row_sumsq + static_cast<int64_t>(blockIdx.x) * rows, rows, red);
-  if (threadIdx.x == 0) norms[blockIdx.x] = n;
+  const int64_t b = blockIdx.x;
+  float n = row_sumsq ? norm_from_row_sumsq(row_sumsq + b * rows, rows, red) : norms[b];
+  const bool overflowed = n == INFINITY;
+  if (overflowed) n = rescaled_norm(static_cast<const char*>(x) + b * rows * cols * (dt == ORTHOPT_FP32 ? 4 : 2), dt,
+                                    rows, cols, red);
+  if (threadIdx.x == 0 && (row_sumsq || overflowed)) norms[b] = n;
 }
 
 struct MomentumNsArgs {
@@ -387,7 +466,10 @@ struct MomentumNsArgs {
   int batch, mats_per_round;
   float safety, eps;
   float* row_sumsq;         // [batch·rows], written
-  unsigned int* arrived;    // [batch], zero on entry
+  // [2·batch], zero on entry: per matrix q, [2q] counts the blocks in (phases of q: 1, then
+  // 2 and 3 where its norm overflowed) and [2q + 1] receives max|U| as bits (an atomicMax: the
+  // bits of non-negative floats order as the floats do).
+  unsigned int* arrived;
   void* out;                // [batch, rows, cols]
   void* momentum_ptr[kNsMaxMats];
   const void* grad_ptr[kNsMaxMats];
@@ -427,24 +509,68 @@ __global__ void __launch_bounds__(kNsThreads, 1) momentum_ns_input_kernel(const 
     __syncthreads();
     const int mat_lo = first + static_cast<int>(r0 / rows), mat_hi = first + static_cast<int>((r1 - 1) / rows);
     if (threadIdx.x == 0) {
-      for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + q, 1u);
+      for (int q = mat_lo; q <= mat_hi; ++q) atomicAdd(a.arrived + 2 * q, 1u);
     }
     for (int q = mat_lo; q <= mat_hi; ++q) {
       const int64_t qs = static_cast<int64_t>(q - first) * rows, qe = qs + rows;  // its rows in the round
-      if (threadIdx.x == 0) {
-        // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
-        // block has at least one row, as R >= G).
-        const unsigned want =
-            static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
-        while (atomicAdd(a.arrived + q, 0u) < want) __nanosleep(64);
-        __threadfence();
-      }
-      __syncthreads();
-      const float d = ns_input_divisor(norm_from_row_sumsq(a.row_sumsq + static_cast<int64_t>(q) * rows, rows, red),
-                                       a.safety, a.eps);
+      // Blocks with rows of matrix q: j from ceil((qs+1)·G/R) − 1 to ceil(qe·G/R) − 1 (every
+      // block has at least one row, as R >= G).
+      const unsigned want =
+          static_cast<unsigned>(ceil_div(qe * blocks, round_rows) - ceil_div((qs + 1) * blocks, round_rows) + 1);
+      // Until `phases`·want blocks have counted in for q (each block once per phase).
+      auto wait_for = [&](unsigned phases) {
+        if (threadIdx.x == 0) {
+          while (atomicAdd(a.arrived + 2 * q, 0u) < phases * want) __nanosleep(64);
+          __threadfence();
+        }
+        __syncthreads();
+      };
+      wait_for(1);
+      float* const row_sumsq = a.row_sumsq + static_cast<int64_t>(q) * rows;
+      float norm = norm_from_row_sumsq(row_sumsq, rows, red);
+      float eps = a.eps;
       const int64_t lo = max(r0, qs), hi = min(r1, qe);
-      const float* src = u + (lo - r0) * cols;
+      float* const src = u + (lo - r0) * cols;
       const int64_t n = (hi - lo) * cols;  // a multiple of 4 (cols is)
+      if (norm == INFINITY) {
+        // The sum overflowed (see rescaled_norm): U/p with pow2_scale's p, which every block
+        // of q then divides its rows by in shared memory (exactly, as the reference does), and
+        // the norm again from the rows' sums of (U/p)², in phase 1's order. Every block with
+        // rows of q read the same sums, so all of them are here, and all read the same max, so
+        // all take the same branch below: each phase's count reaches its target. The waits
+        // end as phase 1's do: the blocks of a round are all resident (cooperative launch) and
+        // visit their matrices in increasing q, so by induction on q every block with rows of
+        // q gets to q and through its phases. Phase 2 also keeps the sums below from being
+        // overwritten before every block has read the sums above.
+        float m = 0.0f;
+        for (int64_t i = threadIdx.x; i < n; i += kNsThreads) m = fmaxf(m, fabsf(src[i]));
+        m = block_max(m, red);
+        if (threadIdx.x == 0) {
+          atomicMax(a.arrived + 2 * q + 1, __float_as_uint(m));
+          __threadfence();
+          atomicAdd(a.arrived + 2 * q, 1u);
+        }
+        wait_for(2);
+        const float scale = pow2_of(__uint_as_float(__ldcg(a.arrived + 2 * q + 1)));
+        if (scale != 1.0f) {  // 1: an Inf entry; the norm stays Inf, as on the plain path
+          for (int64_t i = threadIdx.x; i < n; i += kNsThreads) src[i] = __fdiv_rn(src[i], scale);
+          __syncthreads();
+          for (int64_t lr = warp; lr < hi - lo; lr += kNsWarps) {
+            const float* const urow = src + lr * cols;
+            float sum = 0.0f;
+            for (int64_t c = lane; c < cols; c += 32) sum = __fadd_rn(sum, __fmul_rn(urow[c], urow[c]));
+            sum = warp_sum(sum);
+            if (lane == 0) row_sumsq[lo - qs + lr] = sum;
+          }
+          __threadfence();
+          __syncthreads();
+          if (threadIdx.x == 0) atomicAdd(a.arrived + 2 * q, 1u);
+          wait_for(3);
+          norm = norm_from_row_sumsq(row_sumsq, rows, red);
+          eps = __fdiv_rn(eps, scale);
+        }
+      }
+      const float d = ns_input_divisor(norm, a.safety, eps);
       const int64_t dst = (static_cast<int64_t>(q) * rows + (lo - qs)) * cols;
       for (int64_t i = static_cast<int64_t>(threadIdx.x) * 4; i < n; i += kNsThreads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(src + i);
@@ -812,13 +938,13 @@ extern "C" orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum
     args.batch = static_cast<int>(n);
     args.mats_per_round = static_cast<int>(ns_mats_per_round(n, rows, cols, grid, l.smem_bytes));
     args.row_sumsq = row_sumsq + first * rows;
-    args.arrived = arrived + first;
+    args.arrived = arrived + 2 * first;
     args.out = static_cast<char*>(out) + static_cast<size_t>(first) * out_bytes;
     for (int64_t j = 0; j < n; ++j) {
       args.momentum_ptr[j] = momentum.data[first + j];
       args.grad_ptr[j] = grad.data[first + j];
     }
-    ORTHOPT_CUDA_TRY(cudaMemsetAsync(args.arrived, 0, static_cast<size_t>(n) * sizeof(unsigned int), stream));
+    ORTHOPT_CUDA_TRY(cudaMemsetAsync(args.arrived, 0, static_cast<size_t>(2 * n) * sizeof(unsigned int), stream));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(kNsThreads);
@@ -834,17 +960,37 @@ extern "C" orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum
   return ORTHOPT_OK;
 }
 
-extern "C" orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, const float* row_sumsq,
-                                                       float* norms, cudaStream_t stream) {
+extern "C" orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, int64_t cols,
+                                                       const float* row_sumsq, const float* input, float* norms,
+                                                       cudaStream_t stream) {
   const char* fn = "orthopt_norms_from_row_sumsq";
-  if (batch < 0 || rows < 0)
-    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'batch' and 'rows' must be >= 0, got %lld and %lld", fn,
-                (long long)batch, (long long)rows);
+  if (batch < 0 || rows < 0 || cols < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'batch', 'rows' and 'cols' must be >= 0, got %lld, %lld and %lld",
+                fn, (long long)batch, (long long)rows, (long long)cols);
   if (batch == 0) return ORTHOPT_OK;
   if (batch > INT32_MAX) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be < 2^31", fn);
-  if (!norms || (rows > 0 && !row_sumsq))
-    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq' and 'norms' must not be NULL", fn);
-  norms_from_row_sumsq_kernel<<<static_cast<unsigned>(batch), kNsThreads, 0, stream>>>(row_sumsq, rows, norms);
+  if (!norms || (rows > 0 && (!row_sumsq || (cols > 0 && !input))))
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'row_sumsq', 'input' and 'norms' must not be NULL", fn);
+  norms_kernel<<<static_cast<unsigned>(batch), kNsThreads, 0, stream>>>(row_sumsq, input, ORTHOPT_FP32, rows, cols,
+                                                                        norms);
+  ORTHOPT_CUDA_TRY(cudaGetLastError());
+  return ORTHOPT_OK;
+}
+
+extern "C" orthopt_status orthopt_repair_norms(int64_t batch, int64_t rows, int64_t cols, const void* input,
+                                               orthopt_dtype dtype, float* norms, cudaStream_t stream) {
+  const char* fn = "orthopt_repair_norms";
+  if (batch < 0 || rows < 0 || cols < 0)
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'batch', 'rows' and 'cols' must be >= 0, got %lld, %lld and %lld",
+                fn, (long long)batch, (long long)rows, (long long)cols);
+  if (batch == 0) return ORTHOPT_OK;
+  if (batch > INT32_MAX) return fail(ORTHOPT_ERR_INVALID, "%s: argument 'batch' must be < 2^31", fn);
+  if (!valid_elementwise_dtype(dtype))
+    return fail(ORTHOPT_ERR_INVALID, "%s: the dtype of argument 'input' must be fp32, bf16 or fp16, got %d", fn,
+                static_cast<int>(dtype));
+  if (!norms || (rows > 0 && cols > 0 && !input))
+    return fail(ORTHOPT_ERR_INVALID, "%s: arguments 'input' and 'norms' must not be NULL", fn);
+  norms_kernel<<<static_cast<unsigned>(batch), kNsThreads, 0, stream>>>(nullptr, input, dtype, rows, cols, norms);
   ORTHOPT_CUDA_TRY(cudaGetLastError());
   return ORTHOPT_OK;
 }

@@ -195,17 +195,38 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
   }
 }
 
-at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq) {
+at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq, const at::Tensor& stack) {
   const char* fn = "orthopt::cuda::norms_from_row_sumsq";
   TORCH_CHECK(row_sumsq.defined() && row_sumsq.is_cuda() && row_sumsq.scalar_type() == at::kFloat &&
                   row_sumsq.dim() == 2 && row_sumsq.is_contiguous(),
               fn, ": argument 'row_sumsq': expected a contiguous fp32 CUDA tensor [B, rows]");
+  TORCH_CHECK(stack.defined() && stack.device() == row_sumsq.device() && stack.scalar_type() == at::kFloat &&
+                  stack.dim() == 3 && stack.size(0) == row_sumsq.size(0) && stack.size(1) == row_sumsq.size(1) &&
+                  stack.is_contiguous(),
+              fn, ": argument 'stack': expected a contiguous fp32 tensor [", row_sumsq.size(0), ", ",
+              row_sumsq.size(1), ", cols] on ", row_sumsq.device());
   const c10::cuda::CUDAGuard guard(row_sumsq.device());
   at::Tensor norms = at::empty({row_sumsq.size(0)}, row_sumsq.options());
-  check_status(orthopt_norms_from_row_sumsq(row_sumsq.size(0), row_sumsq.size(1), row_sumsq.data_ptr<float>(),
+  check_status(orthopt_norms_from_row_sumsq(row_sumsq.size(0), row_sumsq.size(1), stack.size(2),
+                                            row_sumsq.data_ptr<float>(), stack.data_ptr<float>(),
                                             norms.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
                "orthopt_norms_from_row_sumsq");
   return norms;
+}
+
+void repair_norms(const at::Tensor& input, const at::Tensor& norms) {
+  const char* fn = "orthopt::cuda::repair_norms";
+  TORCH_CHECK(input.defined() && input.is_cuda() && supported_dtype(input.scalar_type()) && input.dim() == 3 &&
+                  input.is_contiguous(),
+              fn, ": argument 'input': expected a contiguous fp32/bf16/fp16 CUDA tensor [B, rows, cols]");
+  TORCH_CHECK(norms.defined() && norms.device() == input.device() && norms.scalar_type() == at::kFloat &&
+                  norms.numel() == input.size(0) && norms.is_contiguous(),
+              fn, ": argument 'norms': expected ", input.size(0), " contiguous fp32 values on ", input.device());
+  const c10::cuda::CUDAGuard guard(input.device());
+  check_status(orthopt_repair_norms(input.size(0), input.size(1), input.size(2), input.data_ptr(),
+                                    kernel_dtype(input.scalar_type()), norms.data_ptr<float>(),
+                                    at::cuda::getCurrentCUDAStream().stream()),
+               "orthopt_repair_norms");
 }
 
 bool momentum_ns_input_handles(const at::Device& device, int64_t rows, int64_t cols) {
@@ -235,7 +256,7 @@ void momentum_ns_input(const std::vector<at::Tensor>& momenta, const std::vector
   const Launch launch(out.device(), keep, nullptr, fn);
   const Descriptors d(lists, groups.begin()->first, groups.begin()->second);
   const at::Tensor row_sumsq = at::empty({out.size(0), rows}, out.options().dtype(at::kFloat));
-  const at::Tensor arrived = at::empty({out.size(0)}, out.options().dtype(at::kInt));
+  const at::Tensor arrived = at::empty({2 * out.size(0)}, out.options().dtype(at::kInt));
   // Scalars rounded to fp32 as scale_cast rounds them (static_cast: to nearest).
   const orthopt_ns_input_params params{{mu, grad_weight, nesterov ? 1 : 0}, static_cast<float>(safety),
                                        static_cast<float>(eps)};

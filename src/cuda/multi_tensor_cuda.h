@@ -33,9 +33,17 @@ void momentum_rows(const std::vector<at::Tensor>& momenta, const std::vector<at:
                    double grad_weight, bool nesterov, RowStat stat, const at::Tensor& keep);
 
 // The NS input's per-matrix norms from momentum_rows' SumSqOfOutput statistics row_sumsq
-// [B, rows] (fp32): √ of each matrix's sum of rows in orthopt_norms_from_row_sumsq's fixed
-// order, the order momentum_ns_input uses. Returns [B] fp32.
-at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq);
+// [B, rows] (fp32) of `stack` [B, rows, cols] (fp32, contiguous): √ of each matrix's sum of rows
+// in orthopt_norms_from_row_sumsq's fixed order, the order momentum_ns_input uses. Where the sum
+// overflows fp32 on finite entries, the norm comes from the stack divided by a power of two
+// instead, as momentum_ns_input's does (still +Inf beyond the fp32 range of the norm itself).
+// Returns [B] fp32.
+at::Tensor norms_from_row_sumsq(const at::Tensor& row_sumsq, const at::Tensor& stack);
+// Where norms[b] is +Inf (an fp32 reduction overflowed), replaces it in place by matrix b of
+// `input`'s norm taken over input / p, p a power of two (orthopt_repair_norms); other norms keep
+// their bits. input: contiguous fp32/bf16/fp16 CUDA [B, rows, cols]; norms: B contiguous fp32
+// values on its device (any shape, e.g. [B, 1, 1]). No host synchronization.
+void repair_norms(const at::Tensor& input, const at::Tensor& norms);
 
 // Whether momentum_ns_input takes matrices [rows, cols] on `device`
 // (orthopt_momentum_ns_input_fits) with the kernels on (ExecutionOptions::fused_ns_input is

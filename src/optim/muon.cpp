@@ -103,8 +103,9 @@ void OptimizerImpl::step_muon_fused(size_t g, const std::vector<size_t>& idx, co
     cuda::momentum_rows(momenta, grads, inputs, stats, b.cols, o.momentum, grad_weight, o.nesterov,
                         cuda::RowStat::SumSqOfOutput, keep_flag());
     stacks.push_back(stack);
-    // [B]: the order momentum_ns_input sums in, so both forms give the same bits.
-    if (o.ortho.split_sizes.empty()) norms.push_back(cuda::norms_from_row_sumsq(row_sq));
+    // [B]: the order momentum_ns_input sums in, so both forms give the same bits. The stack is
+    // read again only for a matrix whose sum overflowed fp32 (finite entries beyond ≈ 1.8e19).
+    if (o.ortho.split_sizes.empty()) norms.push_back(cuda::norms_from_row_sumsq(row_sq, stack));
     prepared.push_back(false);
   }
 

@@ -13,6 +13,7 @@
 #include "ortho/products.h"
 
 #ifdef ORTHOPT_WITH_CUDA
+#include "cuda/multi_tensor_cuda.h"
 #include "cuda/products_cuda.h"
 #include "cuda/stream_fork.h"
 #endif
@@ -147,11 +148,18 @@ bool gram_in_own_layout(const at::Tensor& G3, at::ScalarType compute, int64_t m,
 
 #ifdef ORTHOPT_WITH_CUDA
 // The per-matrix Frobenius norms [B, 1, 1] of G3 in fp32, reduced over G3 as stored: what the
-// GPU kernels' path of normalized_input scales by when the caller has no norms.
+// GPU kernels' path of normalized_input scales by when the caller has no norms. Where the fp32
+// reduction overflows on finite entries (|x| beyond ≈ 1.8e19), which would scale the input to
+// zeros, the norm is taken again over G3 divided by a power of two, on the device and only for
+// those matrices (cuda::repair_norms: no host synchronization; every other norm keeps its
+// bits), so the scaled input is the reference's (pow2_scale) up to the order of the fp32 sums.
+// It stays Inf where the norm itself is beyond the fp32 range (entries ≳ 3.4e38/√(rows·cols)).
 at::Tensor kernel_path_norms(const at::Tensor& G3) {
   const at::Tensor G = G3.contiguous();
   const at::Tensor Gf = G.scalar_type() == at::kFloat ? G : G.to(at::kFloat);  // exact widening
-  return at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  const at::Tensor norms = at::linalg_vector_norm(Gf, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
+  cuda::repair_norms(G, norms);
+  return norms;
 }
 #endif
 
@@ -450,11 +458,12 @@ void check_has_values(const at::Tensor& G) {
 struct FiniteCheck {
   at::Tensor flag;  // undefined: no check
   // Set when the flag says whether G's norms are finite (see orthogonalize_one): a norm is also
-  // infinite when finite entries' squares overflow fp32 (beyond ≈ 1.8e19), so only then is G
-  // checked entry by entry.
+  // infinite when it is beyond the fp32 range though G is finite (entries ≳ 3.4e38/√(rows·cols);
+  // sums of squares that overflow below that are taken again scaled: kernel_path_norms), so only
+  // then is G checked entry by entry.
   at::Tensor G_of_norms;
 
-  // Throws when G holds NaN or Inf; true when G is finite but a norm overflowed (the result,
+  // Throws when G holds NaN or Inf; true when G is finite but a norm is infinite (the result,
   // scaled by an infinite norm, is then all zeros and must be recomputed).
   bool verify() const {
     if (!flag.defined() || flag.item<bool>()) return false;
@@ -501,10 +510,10 @@ at::Tensor orthogonalize_one(const at::Tensor& G, const OrthoOptions& opt, std::
   at::Tensor out = orthogonalize_batches({G3}, opt, s, norms, result_dtype)[0];
 #ifdef ORTHOPT_WITH_CUDA
   if (finite.verify()) {
-    // The kernels' fp32 norm overflowed on finite entries (|x| beyond ≈ 1.8e19): again on G3
-    // divided by a power of two per matrix (exact), whose norm is finite. eps then acts on the
+    // A norm of finite entries beyond the fp32 range (kernel_path_norms keeps it Inf): again on
+    // G3 divided by a power of two per matrix (exact), whose norm is finite. eps then acts on the
     // scaled matrix, a relative change below 1e-7. Only this path (nonfinite=error) has the
-    // host sync that finds it; with nonfinite=propagate the kernels' result stays zeros.
+    // host sync that finds it; with nonfinite=propagate the kernels' result stays zeros there.
     const at::Tensor p = pow2_scale(G3.to(at::kFloat));
     const at::Tensor scaled = (G3.to(at::kFloat) / p).to(G3.scalar_type()).contiguous();
     out = orthogonalize_batches({scaled}, opt, s, {kernel_path_norms(scaled)}, result_dtype)[0];

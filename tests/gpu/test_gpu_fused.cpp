@@ -624,7 +624,13 @@ TEST_F(GpuFused, BlockedHouseholderQrMatchesFloat64) {
 // poisoned with NaN first; shapes of one round and of several (4 × 2048², 16.8 M elements, more
 // than an H100's 132 blocks hold at once; GPT-2's 12 × 768×3072 bank), a launch split in two
 // (130 matrices, more than one launch's pointer table), bf16 and fp16 inputs, Nesterov and not,
-// the skipped step (momenta unchanged, zeros written).
+// the skipped step (momenta unchanged, zeros written). Overflow: the gradients of every other
+// matrix times 1e20, finite, but their squares' fp32 sum is +Inf; both forms then scale by a
+// power of two first (the reference's pow2_scale), and still give the same bits (the two-pass
+// norm is that power of two times the one-pass kernel's norm of the scaled input, both summed
+// in one order; eps/p and the scaled entries are far from subnormal here), instead of zeros.
+// Such matrices next to normal ones, in one round and over several, and in rounds where a
+// block holds rows of several matrices (130 × 64 rows).
 TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
   namespace oc = orthopt::cuda;
   struct Case {
@@ -632,7 +638,8 @@ TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
     at::ScalarType state, out;
     bool nesterov;
     at::ScalarType grad;
-    bool offset_grad;  // the gradients one element past an aligned address
+    bool offset_grad;       // the gradients one element past an aligned address
+    double overflow = 1.0;  // the factor of the even matrices' gradients
   };
   const std::vector<Case> cases = {{3, 768, 768, at::kFloat, at::kBFloat16, true, at::kFloat, false},
                                    {5, 256, 1024, at::kFloat, at::kHalf, true, at::kBFloat16, false},
@@ -640,22 +647,24 @@ TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
                                    {4, 2048, 2048, at::kFloat, at::kBFloat16, true, at::kFloat, true},
                                    {12, 768, 3072, at::kFloat, at::kHalf, false, at::kFloat, false},
                                    {130, 64, 96, at::kBFloat16, at::kHalf, true, at::kBFloat16, false},
-                                   {1, 37, 12, at::kFloat, at::kBFloat16, true, at::kFloat, true}};
+                                   {1, 37, 12, at::kFloat, at::kBFloat16, true, at::kFloat, true},
+                                   {3, 768, 768, at::kFloat, at::kBFloat16, true, at::kFloat, false, 1e20},
+                                   {4, 2048, 2048, at::kFloat, at::kHalf, false, at::kBFloat16, true, 1e20},
+                                   {130, 64, 96, at::kBFloat16, at::kHalf, true, at::kBFloat16, false, 1e20}};
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   const double mu = 0.95, grad_weight = 0.05, safety = 1.02, eps = 1e-6;
   auto gen = at::detail::createCPUGenerator(77);
   for (const Case& c : cases) {
     const std::string label = std::to_string(c.batch) + "x" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
-                              " grad " + c10::toString(c.grad) + (c.offset_grad ? " (offset)" : "");
+                              " grad " + c10::toString(c.grad) + (c.offset_grad ? " (offset)" : "") +
+                              (c.overflow != 1.0 ? " (overflow)" : "");
     ASSERT_TRUE(oc::momentum_ns_input_handles(at::Device(at::kCUDA, 0), c.rows, c.cols)) << label;
     const at::Tensor M0 = at::randn({c.batch, c.rows, c.cols}, gen).to(c.state).cuda();
     const int64_t numel = c.batch * c.rows * c.cols, offset = c.offset_grad ? 1 : 0;
-    const at::Tensor G = at::randn({numel + offset}, gen)
-                             .mul_(3.0)
-                             .to(c.grad)
-                             .cuda()
-                             .narrow(0, offset, numel)
-                             .view({c.batch, c.rows, c.cols});
+    const at::Tensor G_host = at::randn({numel + offset}, gen).mul_(3.0);
+    if (c.overflow != 1.0)  // in place, through the view; finite in fp32 and bf16
+      G_host.narrow(0, offset, numel).view({c.batch, c.rows, c.cols}).slice(0, 0, c.batch, 2).mul_(c.overflow);
+    const at::Tensor G = G_host.to(c.grad).cuda().narrow(0, offset, numel).view({c.batch, c.rows, c.cols});
     for (const bool skip : {false, true}) {
       const at::Tensor keep = at::full({}, !skip, cuda.dtype(at::kBool));
       // The two-pass form.
@@ -669,7 +678,7 @@ TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
         stats.push_back(row_sq[b]);
       }
       oc::momentum_rows(Ms, Gs, outs, stats, c.cols, mu, grad_weight, c.nesterov, oc::RowStat::SumSqOfOutput, keep);
-      const at::Tensor norms = oc::norms_from_row_sumsq(row_sq);
+      const at::Tensor norms = oc::norms_from_row_sumsq(row_sq, stack);
       const at::Tensor want = oc::scale_cast(stack, norms, safety, eps, c.out, /*transpose=*/false);
       // One pass.
       const at::Tensor M_one = M0.clone();
@@ -684,6 +693,12 @@ TEST_F(GpuFused, MomentumNsInputBitIdenticalToTwoPasses) {
         continue;
       }
       ASSERT_TRUE(at::isfinite(got).all().item<bool>()) << label << ": an output left unwritten (NaN poison)";
+      if (c.overflow != 1.0) {
+        const at::Tensor sums = row_sq.sum(1);  // fp32: the plain sums of the scaled matrices overflow
+        EXPECT_TRUE(at::isinf(sums.slice(0, 0, c.batch, 2)).all().item<bool>()) << label << ": no overflow to test";
+        EXPECT_TRUE(at::isfinite(norms).all().item<bool>()) << label << ": " << norms;
+        EXPECT_TRUE((got.abs().amax(at::IntArrayRef{1, 2}) > 0).all().item<bool>()) << label << ": a zero input";
+      }
       EXPECT_TRUE(at::equal(got, want)) << label << ": NS input differs from the two-pass form, max "
                                         << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
       // And the input is what its definition says, within the 16-bit rounding: U / (‖U‖·s + eps).
@@ -726,6 +741,72 @@ TEST_F(GpuFused, OnePassNsInputStepBitIdenticalToTwoPasses) {
     two.step();
     const std::string diff = first_mismatch(one, two);
     ASSERT_EQ(diff, "") << "step " << t << ": one-pass and two-pass NS inputs differ at " << diff;
+  }
+}
+
+// Muon on gradients times 1e20: finite, but the fp32 sums of the NS inputs' squares overflow
+// (before, every such input was scaled to zeros: no update). The fused step, with the one-pass
+// input (fused_ns_input=on), with the two-pass form (off), and with fp32 NS (always the
+// two-pass form), against the reference path, which divides by a power of two first
+// (pow2_scale), within the neighbouring tests' bounds: 0.1 of the movement with the default NS
+// dtypes (NS noise), 1e-4 with fp32 NS. Banks wide, square, tall and a 3-D stack, bf16
+// parameters, and split_sizes (the scaled cast's own norms, kernel_path_norms). No weight
+// decay, so a parameter whose update is zero stays bit for bit as it was: each must move, in
+// both runs.
+TEST_F(GpuFused, MuonStepWithOverflowingSquaresMatchesReference) {
+  std::vector<Spec> specs;
+  specs.push_back({Algorithm::Muon, {{128, 384}, {2, 128, 384}, {96, 96}, {1024, 256}, {300, 200}}, {},
+                   [](GroupOptions& o) {
+                     o.nesterov = true;
+                     o.weight_decay = 0.0;
+                   }});
+  specs.push_back({Algorithm::Muon, {{48, 80}, {48, 80}}, {at::kBFloat16, at::kBFloat16}, [](GroupOptions& o) {
+                     o.momentum_style = orthopt::MomentumStyle::Ema;
+                     o.weight_decay = 0.0;
+                   }});
+  specs.push_back({Algorithm::Muon, {{96, 64}}, {}, [](GroupOptions& o) {
+                     o.ortho.split_sizes = {32, 32, 32};
+                     o.weight_decay = 0.0;
+                   }});
+  struct Run {
+    bool fp32_ns;
+    Toggle fused_ns_input;
+    double ns_rel;
+    const char* label;
+  };
+  for (const Run r : {Run{false, Toggle::On, 0.1, "one-pass NS input"},
+                      Run{false, Toggle::Off, 0.1, "two-pass NS input"}, Run{true, Toggle::Auto, 1e-4, "fp32 NS"}}) {
+    Optimizer fused(make_groups(specs, 51, r.fp32_ns));
+    Optimizer reference(make_groups(specs, 51, r.fp32_ns));
+    set_execution(fused, &ExecutionOptions::fused_ns_input, r.fused_ns_input);
+    const auto start = snapshot_params(reference);
+    double worst = 0.0;
+    std::string where;
+    for (int t = 0; t < 3; ++t) {
+      fill_grads({&fused, &reference}, 500 + t);
+      for (Optimizer* o : {&fused, &reference})
+        for (const auto& g : o->param_groups())
+          for (const auto& p : g.params) p.grad().mul_(1e20);  // finite: |g| ≲ 5e20
+      fused.step();
+      {
+        KernelsOff off;
+        reference.step();
+      }
+      std::string w;
+      const double ratio = worst_ratio(fused, reference, start, r.ns_rel, &w);
+      if (ratio > worst) {
+        worst = ratio;
+        where = w + " at step " + std::to_string(t);
+      }
+    }
+    std::printf("[ overflowing squares, fused vs reference, %s ] worst difference / bound = %.3g%s%s\n", r.label, worst,
+                where.empty() ? "" : " at ", where.c_str());
+    EXPECT_LE(worst, 1.0) << r.label << ": worst at " << where;
+    const auto now = snapshot_params(fused), now_ref = snapshot_params(reference);
+    for (size_t k = 0; k < now.size(); ++k) {
+      EXPECT_FALSE(at::equal(now[k], start[k])) << r.label << ": parameter " << k << " not updated";
+      EXPECT_FALSE(at::equal(now_ref[k], start[k])) << r.label << ": parameter " << k << " not updated (reference)";
+    }
   }
 }
 

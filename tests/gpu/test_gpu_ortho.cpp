@@ -448,8 +448,14 @@ TEST_F(Gpu, ManyGramBanksMatchPerInput) {
 
 // NonFinitePolicy::Error (the default) on the kernels' path: G is flagged by the NS input's own
 // norms instead of a separate isfinite pass over G. NaN and ±Inf entries are refused, naming
-// G; finite entries whose squares overflow fp32 (1e20: the norm is Inf) are not; a finite G gets
-// the same result as with the check off, bit for bit (the same norms scale the input).
+// G; finite entries whose squares overflow fp32 are not; a finite G gets the same result as
+// with the check off, bit for bit (the same norms scale the input). Finite entries times 1e20
+// (the fp32 sum of squares is Inf; the norms are taken again over G divided by a power of two,
+// on the device): the same result with the check on and off (nonfinite=propagate, no host
+// sync to find the overflow), that of G itself up to rounding (the polar factor does not
+// depend on the scale; the inputs differ by the fp32 rounding of G·1e20), not zeros. Entries
+// near the fp32 maximum, whose norm itself is beyond the fp32 range: the check still recomputes
+// on G divided by a power of two (with the check off such inputs still scale to zeros).
 TEST_F(Gpu, NonFiniteInputFlaggedByNorms) {
   auto refuses = [](const at::Tensor& B, const orthopt::OrthoOptions& o) {
     try {
@@ -481,7 +487,19 @@ TEST_F(Gpu, NonFiniteInputFlaggedByNorms) {
         if (dt == at::kFloat) {
           const at::Tensor huge = G * 1e20;  // finite, ‖·‖² overflows fp32
           EXPECT_TRUE(at::isfinite(huge).all().item<bool>());
-          EXPECT_NO_THROW((void)orthopt::orthogonalize(huge, check)) << at::IntArrayRef(shape);
+          EXPECT_TRUE(at::isinf(huge.square().sum()).item<bool>());
+          at::Tensor checked;
+          EXPECT_NO_THROW(checked = orthopt::orthogonalize(huge, check)) << at::IntArrayRef(shape);
+          const at::Tensor propagated = orthopt::orthogonalize(huge, off);
+          EXPECT_TRUE(at::equal(checked, propagated)) << at::IntArrayRef(shape);
+          const double err = rel_err(propagated, orthopt::orthogonalize(G, off));  // 1: zeros
+          EXPECT_LE(err, bound(at::kBFloat16)) << at::IntArrayRef(shape) << " " << orthopt::to_string(method);
+          const at::Tensor vast = G / G.abs().max() * 3e38;  // finite; ‖·‖ beyond fp32
+          EXPECT_TRUE(at::isfinite(vast).all().item<bool>());
+          at::Tensor vast_checked;
+          EXPECT_NO_THROW(vast_checked = orthopt::orthogonalize(vast, check)) << at::IntArrayRef(shape);
+          EXPECT_LE(rel_err(vast_checked, orthopt::orthogonalize(G, check)), bound(at::kBFloat16))
+              << at::IntArrayRef(shape) << " " << orthopt::to_string(method);
         }
       }
     }

@@ -104,12 +104,16 @@ orthopt_status orthopt_multi_momentum_rows(orthopt_tensor_list momentum, orthopt
  * (ORTHOPT_ROW_SUMSQ_OUT, fp32 out), orthopt_norms_from_row_sumsq and orthopt_scale_cast give
  * in turn, without the fp32 input in memory: each block keeps its rows of U in shared memory
  * until the norms of its matrices are known (one block per multiprocessor, a cooperative
- * launch). momentum, grad: lists of contiguous [rows, cols] matrices (numel NULL or rows·cols each);
- * out: contiguous [batch, rows, cols], 16-byte aligned; row_sumsq: device scratch of batch·rows
- * floats (receives the rows' sums of squares of U); arrived: device scratch of batch unsigned
- * ints (zeroed here). Needs orthopt_momentum_ns_input_fits(rows, cols). A skipped step (keep
- * holding 0) writes no momentum, and zeros as out and row_sumsq. No allocation, no host
- * synchronization: graph-capturable. */
+ * launch). Where the fp32 sum of squares of a finite U[b] overflows (entries beyond ≈ 1.8e19),
+ * out[b] = (U[b]/p) / (‖U[b]/p‖_F·safety + eps/p) with p the power of two that brings max|U[b]|
+ * into [1, 2), as the reference computes it (algorithms.md §1), instead of zeros: the same bits
+ * as the two-pass form still, unless eps/p or an entry of U[b]/p is subnormal. momentum, grad:
+ * lists of contiguous [rows, cols] matrices (numel NULL or rows·cols each); out: contiguous
+ * [batch, rows, cols], 16-byte aligned; row_sumsq: device scratch of batch·rows floats (receives
+ * the rows' sums of squares of U, of U/p where they overflowed); arrived: device scratch of
+ * 2·batch unsigned ints (zeroed here). Needs orthopt_momentum_ns_input_fits(rows, cols). A
+ * skipped step (keep holding 0) writes no momentum, and zeros as out and row_sumsq. No
+ * allocation, no host synchronization: graph-capturable. */
 typedef struct orthopt_ns_input_params {
   orthopt_momentum_params momentum;
   float safety, eps; /* out = U / (‖U‖_F·safety + eps) */
@@ -123,9 +127,22 @@ orthopt_status orthopt_momentum_ns_input(orthopt_tensor_list momentum, orthopt_t
  * of 223 KiB: about 7.5 M elements), cooperative launch; else 0. */
 int orthopt_momentum_ns_input_fits(int64_t rows, int64_t cols);
 /* norms[b] = √(Σ_r row_sumsq[b·rows + r]) in fp32, summed in orthopt_momentum_ns_input's fixed
- * order (deterministic): the norms of the two-pass form. One launch, graph-capturable. */
-orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, const float* row_sumsq, float* norms,
-                                            cudaStream_t stream);
+ * order (deterministic): the norms of the two-pass form. input: the fp32 [batch, rows, cols]
+ * matrices whose rows' sums of squares row_sumsq holds (contiguous). Where a sum is +Inf
+ * (finite entries whose squares overflow fp32, or an Inf entry), norms[b] = p·√(Σ (input[b]/p)²)
+ * instead, p the power of two that brings max|input[b]| into [1, 2) (1 for an Inf entry),
+ * summed as orthopt_momentum_ns_input sums then: orthopt_scale_cast by this norm writes that
+ * kernel's bits. It stays +Inf where p·√Σ exceeds the fp32 range (entries ≳ 3.4e38/√(rows·cols)).
+ * One launch, graph-capturable. */
+orthopt_status orthopt_norms_from_row_sumsq(int64_t batch, int64_t rows, int64_t cols, const float* row_sumsq,
+                                            const float* input, float* norms, cudaStream_t stream);
+/* Where norms[b] (device, fp32) is +Inf, replaces it by p·√(Σ (input[b]/p)²) as
+ * orthopt_norms_from_row_sumsq does (a fixed order; input [batch, rows, cols] contiguous in fp32,
+ * bf16 or fp16), and leaves every other norm as it is (a block per matrix that reads one float
+ * and returns). For the norms of orthopt_scale_cast taken by a reduction whose fp32 sum
+ * overflowed on finite entries. One launch, no host synchronization: graph-capturable. */
+orthopt_status orthopt_repair_norms(int64_t batch, int64_t rows, int64_t cols, const void* input,
+                                    orthopt_dtype dtype, float* norms, cudaStream_t stream);
 
 /* The update's hyperparameters: the decay, factor (host array of per-tensor lr factors, the lr
  * adjustment; NULL for all 1) and cols, the row length of row scales and row maps. */
