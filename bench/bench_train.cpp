@@ -75,6 +75,7 @@ struct TrainBenchArgs {
   int64_t batch_size = 16;
   int64_t context = 0;  // 0: the preset's
   std::string algorithm = "muon";
+  std::string activation_checkpointing = "none";  // orthopt's row only: the peer keeps its activations
   std::string device = "auto";
   int steps = 10;
   int warmup = 3;
@@ -365,6 +366,7 @@ int run_train_bench(const TrainBenchArgs& a) {
   c.context = a.context;
   c.batch_size = a.batch_size;
   c.algorithm = a.algorithm;
+  c.activation_checkpointing = a.activation_checkpointing;
   c.device = a.device;
   c.seed = a.seed;
   c.data = a.data;
@@ -382,9 +384,10 @@ int run_train_bench(const TrainBenchArgs& a) {
   const std::string device_name = device_name_of(device);
   const double peak = a.peak_tflops > 0 ? a.peak_tflops * 1e12 : device.is_cuda() ? peak_bf16_flops(device_name) : 0.0;
 
-  std::cout << fmt::format("bench train: preset {}, batch {} x {} bytes, {}, device {} ({}), {} CPU threads ({}), "
-                           "OMP_WAIT_POLICY={}\n",
-                           mcfg.preset, c.batch_size, mcfg.context, c.algorithm, device.str(), device_name, n_threads,
+  std::cout << fmt::format("bench train: preset {}, batch {} x {} bytes, {}, activation checkpointing {}, device {} "
+                           "({}), {} CPU threads ({}), OMP_WAIT_POLICY={}\n",
+                           mcfg.preset, c.batch_size, mcfg.context, c.algorithm, c.activation_checkpointing,
+                           device.str(), device_name, n_threads,
                            threads.reason, threads.wait_policy.empty() ? "(unset)" : threads.wait_policy);
   if (device.is_cuda())
     std::cout << (peak > 0 ? fmt::format("peak bf16 dense: {:.0f} TFLOP/s ({})\n", peak / 1e12,
@@ -472,6 +475,9 @@ void register_bench_train(CLI::App& bench, Action& action) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--algorithm", args->algorithm, "matrix optimizer: adamw, muon, normuon, dion3, dion, lion")
       ->check(CLI::IsMember({"adamw", "muon", "normuon", "dion3", "dion", "lion"}));
+  cmd->add_option("--activation-checkpointing", args->activation_checkpointing,
+                  "orthopt's trainer: none, block or selective (the peer keeps every activation)")
+      ->check(CLI::IsMember({"none", "block", "selective"}));
   cmd->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("--steps", args->steps, "timed steps")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", args->warmup, "untimed steps first (the peer's torch.compile happens here)")

@@ -50,6 +50,9 @@ const std::vector<FlagSpec>& flag_specs() {
       {"top_k", Kind::Int, "MoE: experts per token"},
       {"router_bias_rate", Kind::Double, "MoE: load-balancing bias step per optimizer step"},
       {"router_z_loss", Kind::Double, "MoE: router z-loss coefficient"},
+      {"activation_checkpointing", Kind::String, "activations recomputed in the backward pass instead of kept: "
+                                                 "none, block (each block keeps its input), selective (SwiGLU "
+                                                 "activation, unfused attention scores); same results"},
       {"data", Kind::String, "UTF-8 text file (default: the King James Bible, cached in data/kjv.txt)"},
       {"val_fraction", Kind::Double, "last fraction of the text used for validation"},
       {"algorithm", Kind::String, "optimizer of the block matrices: adamw, muon, normuon, dion3, dion, lion"},

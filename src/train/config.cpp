@@ -36,6 +36,7 @@ json to_json(const TrainConfig& c) {
   return json{
       {"preset", c.preset}, {"context", c.context}, {"n_experts", c.n_experts}, {"top_k", c.top_k},
       {"router_bias_rate", c.router_bias_rate}, {"router_z_loss", c.router_z_loss},
+      {"activation_checkpointing", c.activation_checkpointing},
       {"data", c.data}, {"val_fraction", c.val_fraction},
       {"algorithm", c.algorithm}, {"lr", c.lr}, {"scalar_lr", c.scalar_lr},
       {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
@@ -99,6 +100,7 @@ TrainConfig config_from_json(const json& j) {
   read_key(j, "top_k", c.top_k, seen);
   read_key(j, "router_bias_rate", c.router_bias_rate, seen);
   read_key(j, "router_z_loss", c.router_z_loss, seen);
+  read_key(j, "activation_checkpointing", c.activation_checkpointing, seen);
   read_key(j, "data", c.data, seen);
   read_key(j, "val_fraction", c.val_fraction, seen);
   read_key(j, "algorithm", c.algorithm, seen);
@@ -160,6 +162,13 @@ void validate(const TrainConfig& c) {
     TORCH_CHECK(c.top_k >= 1 && c.top_k <= c.n_experts, "top_k: must be in [1, n_experts=", c.n_experts, "], got ", c.top_k);
   TORCH_CHECK(c.router_bias_rate >= 0.0 && c.router_bias_rate <= 1.0, "router_bias_rate: must be in [0, 1], got ", c.router_bias_rate);
   TORCH_CHECK(c.router_z_loss >= 0.0, "router_z_loss: must be >= 0, got ", c.router_z_loss);
+  {
+    const auto& modes = activation_checkpointing_modes();
+    TORCH_CHECK(std::find(modes.begin(), modes.end(), c.activation_checkpointing) != modes.end(),
+                "activation_checkpointing: must be none, block or selective, got '", c.activation_checkpointing, "'");
+    TORCH_CHECK(c.activation_checkpointing == "none" || c.n_experts == 0, "activation_checkpointing: '",
+                c.activation_checkpointing, "' is not supported with n_experts > 0 (use none)");
+  }
   TORCH_CHECK(c.val_fraction > 0.0 && c.val_fraction < 0.5, "val_fraction: must be in (0, 0.5), got ", c.val_fraction);
   default_matrix_lr(c.algorithm);  // throws naming the valid algorithms
   TORCH_CHECK(c.lr >= 0.0 && c.lr <= 10.0, "lr: must be in [0, 10] (0: the algorithm's preset), got ", c.lr);
@@ -233,7 +242,9 @@ const std::vector<std::string>& resume_volatile_keys() {
       // how the step executes, not what it computes: a graph replay is bit-identical to the eager
       // step (docs/cuda_graph.md), deterministic kernels and the execution options are other
       // implementations of the same operations (docs/execution.md)
-      "cuda_graph", "deterministic", "execution"};
+      "cuda_graph", "deterministic", "execution",
+      // recomputing activations in the backward pass runs the same operations again
+      "activation_checkpointing"};
   return keys;
 }
 

@@ -1,9 +1,15 @@
 // The byte-level transformer of the trainer (see include/orthopt/train/model.h).
 #include "orthopt/train/model.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+
+#include "core/torch_version.h"
+#include "orthopt/train/trainer.h"
 
 namespace orthopt::train {
 
@@ -29,6 +35,11 @@ ModelConfig model_preset(const std::string& name) {
   return c;
 }
 
+const std::vector<std::string>& activation_checkpointing_modes() {
+  static const std::vector<std::string> modes = {"none", "block", "selective"};
+  return modes;
+}
+
 void validate_model_config(const ModelConfig& c) {
   TORCH_CHECK(c.vocab_size == 256, "vocab_size: the model is byte-level, must be 256, got ", c.vocab_size);
   TORCH_CHECK(c.d_model > 0 && c.n_layers > 0 && c.n_heads > 0 && c.d_ff > 0,
@@ -45,6 +56,83 @@ void validate_model_config(const ModelConfig& c) {
     TORCH_CHECK(c.router_bias_rate >= 0.0, "router_bias_rate: must be >= 0, got ", c.router_bias_rate);
     TORCH_CHECK(c.router_z_loss >= 0.0, "router_z_loss: must be >= 0, got ", c.router_z_loss);
   }
+  const auto& modes = activation_checkpointing_modes();
+  TORCH_CHECK(std::find(modes.begin(), modes.end(), c.activation_checkpointing) != modes.end(),
+              "activation_checkpointing: must be none, block or selective, got '", c.activation_checkpointing, "'");
+  // A recomputed MoE block would count its tokens into the router loads twice, and its z-loss
+  // term would leave the graph.
+  TORCH_CHECK(c.activation_checkpointing == "none" || c.n_experts == 0,
+              "activation_checkpointing: '", c.activation_checkpointing,
+              "' is not supported with n_experts > 0 (use none)");
+}
+
+// ---- activation checkpointing
+
+namespace {
+
+using Inputs = std::vector<at::Tensor>;
+using RecomputeFn = std::function<at::Tensor(const Inputs&)>;
+
+bool cuda_autocast_enabled() {
+#if ORTHOPT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
+// What the backward pass needs besides the saved inputs: the function and the forward's
+// autocast state (the backward pass of a CUDA graph runs on another thread, whose autocast is
+// off). The trainer's only autocast is bf16 on CUDA (Bf16Autocast).
+struct RecomputeState : torch::CustomClassHolder {
+  RecomputeFn fn;
+  bool autocast = false;
+};
+
+struct Recompute : torch::autograd::Function<Recompute> {
+  // inputs as a TensorList: that is what makes them the node's inputs (a std::vector would
+  // be taken as one non-tensor argument).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<RecomputeState> state,
+                            at::TensorList inputs) {
+    state->autocast = cuda_autocast_enabled();
+    ctx->save_for_backward(inputs.vec());
+    at::Tensor out;
+    {
+      torch::NoGradGuard no_grad;
+      out = state->fn(inputs.vec());
+    }
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto holder = ctx->saved_data["state"].toCapsule();
+    const auto* state = static_cast<const RecomputeState*>(holder.get());
+    Inputs leaves;
+    for (const at::Tensor& t : ctx->get_saved_variables())
+      leaves.push_back(t.detach().requires_grad_(t.requires_grad()));
+    at::Tensor out;
+    {
+      torch::AutoGradMode grad(true);
+      const Bf16Autocast autocast(state->autocast);
+      out = state->fn(leaves);
+    }
+    // Into the leaves' .grad and the parameters' .grad, as the kept graph would have.
+    if (out.requires_grad()) torch::autograd::backward({out}, {grad_out[0]});
+    torch::autograd::variable_list grads = {at::Tensor()};  // the state argument
+    for (const at::Tensor& t : leaves) grads.push_back(t.requires_grad() ? t.grad() : at::Tensor());
+    return grads;
+  }
+};
+
+}  // namespace
+
+at::Tensor recompute_in_backward(RecomputeFn fn, const Inputs& inputs) {
+  if (!at::GradMode::is_enabled()) return fn(inputs);
+  auto state = c10::make_intrusive<RecomputeState>();
+  state->fn = std::move(fn);
+  return Recompute::apply(std::move(state), at::TensorList(inputs));
 }
 
 // ---- RoPE ----
@@ -82,7 +170,8 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& cfg)
-    : n_heads_(cfg.n_heads), head_dim_(cfg.d_model / cfg.n_heads) {
+    : n_heads_(cfg.n_heads), head_dim_(cfg.d_model / cfg.n_heads),
+      recompute_scores_(cfg.activation_checkpointing == "selective") {
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, 3 * cfg.d_model).bias(false)));
   proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.d_model).bias(false)));
 }
@@ -101,22 +190,30 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tenso
   // Fused kernel (flash / memory-efficient on CUDA); the explicit path below is the reference.
   y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
 #else
-  auto scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  auto future = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  y = at::matmul(at::softmax(scores, -1), v);
+  // [B, H, T, T] scores and probabilities: the largest activations of this path, recomputed in
+  // the backward pass under selective checkpointing.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  const auto attend = [scale, T](const Inputs& in) {
+    auto scores = at::matmul(in[0], in[1].transpose(-2, -1)) * scale;
+    auto future = at::ones({T, T}, in[0].options().dtype(at::kBool)).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    return at::matmul(at::softmax(scores, -1), in[2]);
+  };
+  y = recompute_scores_ && is_training() ? recompute_in_backward(attend, {q, k, v}) : attend({q, k, v});
 #endif
   return proj->forward(y.transpose(1, 2).reshape({B, T, D}));
 }
 
-SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t d_ff) {
+SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t d_ff, bool recompute) : recompute_(recompute) {
   w_gate = register_module("w_gate", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_ff).bias(false)));
   w_up = register_module("w_up", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_ff).bias(false)));
   w_down = register_module("w_down", torch::nn::Linear(torch::nn::LinearOptions(d_ff, d_model).bias(false)));
 }
 
 at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
-  return w_down->forward(at::silu(w_gate->forward(x)) * w_up->forward(x));
+  const auto gated = [](const Inputs& in) { return at::silu(in[0]) * in[1]; };
+  const Inputs in = {w_gate->forward(x), w_up->forward(x)};
+  return w_down->forward(recompute_ && is_training() ? recompute_in_backward(gated, in) : gated(in));
 }
 
 MoEImpl::MoEImpl(const ModelConfig& cfg)
@@ -168,19 +265,27 @@ void MoEImpl::update_bias(const at::Tensor& skip_factor) {
   load.zero_();
 }
 
-BlockImpl::BlockImpl(const ModelConfig& cfg) {
+BlockImpl::BlockImpl(const ModelConfig& cfg) : checkpoint_(cfg.activation_checkpointing == "block") {
+  const bool selective = cfg.activation_checkpointing == "selective";
   norm1 = register_module("norm1", RMSNorm(cfg.d_model, cfg.norm_eps));
   attn = register_module("attn", CausalSelfAttention(cfg));
   norm2 = register_module("norm2", RMSNorm(cfg.d_model, cfg.norm_eps));
   if (cfg.n_experts > 0) {
     moe = register_module("moe", MoE(cfg));
   } else {
-    mlp = register_module("mlp", SwiGLU(cfg.d_model, cfg.d_ff));
+    mlp = register_module("mlp", SwiGLU(cfg.d_model, cfg.d_ff, selective));
   }
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor* z_loss) {
+  if (!checkpoint_ || !is_training()) return forward_kept(x, cos, sin, z_loss);
+  return recompute_in_backward([this, cos, sin](const Inputs& in) { return forward_kept(in[0], cos, sin, nullptr); },
+                               {x});
+}
+
+at::Tensor BlockImpl::forward_kept(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                   at::Tensor* z_loss) {
   auto h = x + attn->forward(norm1->forward(x), cos, sin);
   auto n = norm2->forward(h);
   return h + (moe ? moe->forward(n, z_loss) : mlp->forward(n));

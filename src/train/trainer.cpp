@@ -91,6 +91,7 @@ ModelConfig model_config_of(const TrainConfig& c) {
   m.top_k = c.top_k;
   m.router_bias_rate = c.router_bias_rate;
   m.router_z_loss = c.router_z_loss;
+  m.activation_checkpointing = c.activation_checkpointing;
   validate_model_config(m);
   return m;
 }

@@ -290,3 +290,79 @@ TEST(Model, ParamRouting) {
       if (g.params[i].dim() == 3) EXPECT_TRUE(is_matrix_algorithm(g.options.algorithm)) << g.names[i];
     }
 }
+
+// Activation checkpointing recomputes the same operations in the backward pass: the loss and
+// every gradient keep their bits, for each mode, and for a micro-batch accumulated onto earlier
+// gradients; the MoE model refuses it.
+TEST(Model, ActivationCheckpointingKeepsLossAndGradientBits) {
+  const auto grads_of = [](const std::string& mode) {
+    ModelConfig c = small_config();
+    c.activation_checkpointing = mode;
+    torch::manual_seed(7);
+    Transformer model(c);
+    model->train();
+    torch::manual_seed(8);
+    const at::Tensor idx = torch::randint(0, 256, {3, c.context}, at::kLong);
+    const at::Tensor targets = torch::randint(0, 256, {3, c.context}, at::kLong);
+    std::vector<at::Tensor> out;
+    for (int micro = 0; micro < 2; ++micro) {  // the second one accumulates onto the first
+      const LossParts loss = model->loss(idx.roll(micro, 1), targets);
+      loss.total.backward();
+      out.push_back(loss.total.detach().clone());
+    }
+    for (const auto& p : model->parameters()) {
+      EXPECT_TRUE(p.grad().defined());
+      out.push_back(p.grad().clone());
+    }
+    return out;
+  };
+  const auto kept = grads_of("none");
+  for (const std::string mode : {"block", "selective"}) {
+    const auto recomputed = grads_of(mode);
+    ASSERT_EQ(recomputed.size(), kept.size());
+    for (size_t i = 0; i < kept.size(); ++i)
+      EXPECT_TRUE(torch::equal(kept[i], recomputed[i])) << mode << ": tensor " << i << " differs by "
+                                                        << max_abs_diff(kept[i], recomputed[i]);
+  }
+  ModelConfig moe = small_config();
+  moe.n_experts = 4;
+  moe.activation_checkpointing = "block";
+  EXPECT_THROW(
+      {
+        try {
+          validate_model_config(moe);
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("activation_checkpointing"), std::string::npos);
+          throw;
+        }
+      },
+      c10::Error);
+  moe.n_experts = 0;
+  moe.activation_checkpointing = "sometimes";
+  EXPECT_THROW(validate_model_config(moe), c10::Error);
+}
+
+// A recomputed function's intermediate tensors are not kept: with the function's output alone
+// reachable from the graph, the saved tensors are its inputs only; and under no_grad it is the
+// function itself.
+TEST(Model, RecomputeInBackwardMatchesAutograd) {
+  torch::manual_seed(3);
+  const at::Tensor a = torch::randn({5, 7}, at::kDouble).requires_grad_(true);
+  const at::Tensor b = torch::randn({7, 4}, at::kDouble).requires_grad_(true);
+  const at::Tensor w = torch::randn({4}, at::kDouble).requires_grad_(true);  // used inside, not an input
+  const auto fn = [&w](const std::vector<at::Tensor>& in) { return at::tanh(at::matmul(in[0], in[1])) * w; };
+  const at::Tensor g = torch::randn({5, 4}, at::kDouble);
+  fn({a, b}).backward(g);
+  const at::Tensor ga = a.grad().clone(), gb = b.grad().clone(), gw = w.grad().clone();
+  a.mutable_grad().reset();
+  b.mutable_grad().reset();
+  w.mutable_grad().reset();
+  const at::Tensor out = recompute_in_backward(fn, {a, b});
+  EXPECT_TRUE(torch::equal(out, fn({a, b}).detach()));
+  out.backward(g);
+  EXPECT_TRUE(torch::equal(a.grad(), ga));
+  EXPECT_TRUE(torch::equal(b.grad(), gb));
+  EXPECT_TRUE(torch::equal(w.grad(), gw));
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(recompute_in_backward(fn, {a, b}).requires_grad());
+}

@@ -173,6 +173,29 @@ TEST(Trainer, DeterministicIsAnExecutionOption) {
   EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
 }
 
+// Activation checkpointing recomputes the same operations: a run that changes the mode on
+// resume ends with the uninterrupted run's checkpoint and metrics.
+TEST(Trainer, ActivationCheckpointingIsAnExecutionOption) {
+  const std::vector<std::string> cpu = {"--device", "cpu"};
+  fs::path reference = reference_run();
+  if (torch::cuda::is_available()) {
+    reference = fresh_dir("checkpointing_reference");
+    const auto r = run(train_args(reference, cpu));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const auto dir = fresh_dir("activation_checkpointing");
+  auto first = cpu;
+  first.insert(first.end(), {"--stop-after", "6", "--activation-checkpointing", "block"});
+  auto r = run(train_args(dir, first));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto second = cpu;
+  second.insert(second.end(), {"--resume", "--activation-checkpointing", "selective"});
+  r = run(train_args(dir, second));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_checkpoint(reference / "step_12", dir / "step_12");
+  EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
+}
+
 // Dion with the Cholesky QR trains (finite loss, validation written) and says how often it fell
 // back to Householder; its config records the choice.
 TEST(Trainer, DionCholeskyQrTrainsAndReportsFallbacks) {

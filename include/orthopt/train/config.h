@@ -21,6 +21,7 @@ struct TrainConfig {
   int64_t top_k = 2;
   double router_bias_rate = 1e-3;
   double router_z_loss = 0.0;
+  std::string activation_checkpointing = "none";  // none | block | selective (ModelConfig)
   // data
   std::string data;              // empty: the default corpus (King James Bible)
   double val_fraction = 0.05;    // the last 5% of the file is the validation set

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +29,17 @@ struct ModelConfig {
   int64_t top_k = 2;
   double router_bias_rate = 1e-3;  // aux-loss-free balancing step per optimizer step
   double router_z_loss = 0.0;      // coefficient of mean(logsumexp(router logits)²)
+  // Activations recomputed in the backward pass instead of kept from the forward:
+  // "none"; "block": each block keeps only its input; "selective": the SwiGLU activation and
+  // (without a fused attention kernel) the attention scores and probabilities. The same
+  // operations run again, so losses and gradients keep their bits (docs/training.md).
+  // The RMSNorms are not recomputed alone: their input also feeds the residual sum, and
+  // back-propagating through a recomputed norm would add that input's gradients in another
+  // order (the bits would change in the last places).
+  std::string activation_checkpointing = "none";
 };
+
+const std::vector<std::string>& activation_checkpointing_modes();
 
 // Presets: tiny (~1M params, CPU), small (~6M), gpt2-124m (GPT-2 small's shape with a byte
 // vocabulary, ~85M params, GPU). Throws naming the valid presets.
@@ -43,6 +54,14 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, int64_t head_dim,
                                               c10::Device device);
 // x: [..., T, hd]
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// fn(inputs) computed without keeping its intermediate tensors: the forward pass runs it under
+// no_grad and keeps only `inputs`; the backward pass runs it again with gradients (under the
+// forward's CUDA autocast state) and back-propagates through that. The parameters fn uses get
+// their gradients accumulated there. fn must compute the same values both times (no
+// randomness, no state it changes). Where gradients are off, just fn(inputs).
+at::Tensor recompute_in_backward(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                                 const std::vector<at::Tensor>& inputs);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -62,14 +81,17 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear proj{nullptr};
  private:
   int64_t n_heads_, head_dim_;
+  bool recompute_scores_;  // selective checkpointing of the explicit (unfused) attention
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(int64_t d_model, int64_t d_ff);
+  SwiGLUImpl(int64_t d_model, int64_t d_ff, bool recompute = false);
   at::Tensor forward(const at::Tensor& x);
   torch::nn::Linear w_gate{nullptr}, w_up{nullptr}, w_down{nullptr};
+ private:
+  bool recompute_;  // silu(gate)·up recomputed in the backward pass
 };
 TORCH_MODULE(SwiGLU);
 
@@ -105,6 +127,9 @@ class BlockImpl : public torch::nn::Module {
   CausalSelfAttention attn{nullptr};
   SwiGLU mlp{nullptr};
   MoE moe{nullptr};
+ private:
+  at::Tensor forward_kept(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor* z_loss);
+  bool checkpoint_;  // activation_checkpointing "block"
 };
 TORCH_MODULE(Block);
 
