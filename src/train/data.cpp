@@ -136,7 +136,11 @@ std::pair<at::Tensor, at::Tensor> BatchSampler::next(c10::Device device) {
   // Offsets drawn as integers straight from the generator (not through a distribution
   // object whose algorithm differs between standard libraries) so runs reproduce anywhere.
   const uint64_t range = static_cast<uint64_t>(tokens_.numel() - context_);  // offsets [0, range)
-  auto windows = at::empty({batch_, context_ + 1}, at::kLong);
+  // For a CUDA device the batch is drawn into pinned memory and copied without blocking the
+  // host: a copy from pageable memory waits for the device to finish its queued work, which
+  // would make every micro-batch a host synchronization. (torch's caching host allocator
+  // keeps the buffer until the copy is done.)
+  auto windows = at::empty({batch_, context_ + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
   const uint8_t* src = tokens_.data_ptr<uint8_t>();
   int64_t* dst = windows.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch_; ++b) {
@@ -144,7 +148,7 @@ std::pair<at::Tensor, at::Tensor> BatchSampler::next(c10::Device device) {
     for (int64_t t = 0; t <= context_; ++t) dst[b * (context_ + 1) + t] = src[offset + t];
   }
   ++batches_drawn_;
-  windows = windows.to(device);
+  windows = windows.to(device, /*non_blocking=*/true);
   return {windows.slice(1, 0, context_), windows.slice(1, 1, context_ + 1)};
 }
 

@@ -366,3 +366,64 @@ TEST(Model, RecomputeInBackwardMatchesAutograd) {
   torch::NoGradGuard no_grad;
   EXPECT_FALSE(recompute_in_backward(fn, {a, b}).requires_grad());
 }
+
+// The MoE layer against a per-token loop written here (float64, the module's routing repeated):
+// outputs and every gradient, with k = 3 of 5 experts, so that experts get different numbers of
+// tokens and one may get none.
+TEST(Model, MoEMatchesPerTokenLoopWithGradients) {
+  torch::manual_seed(11);
+  ModelConfig cfg = small_config();
+  cfg.n_experts = 5; cfg.top_k = 3;
+  MoE moe(cfg);
+  for (auto& p : moe->parameters()) {
+    torch::NoGradGuard no_grad;
+    p.normal_(0.0, 0.3);
+  }
+  moe->to(at::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    moe->bias.copy_(torch::tensor({0.3, -0.2, 0.0, 0.1, -1.0}));  // expert 4 is rarely chosen
+  }
+  const int64_t N = 37, D = cfg.d_model;
+  const at::Tensor x = torch::randn({1, N, D}, at::kDouble).requires_grad_(true);
+  const at::Tensor R = torch::randn({1, N, D}, at::kDouble);
+  moe->eval();  // no load counting
+  (moe->forward(x, nullptr) * R).sum().backward();
+  std::vector<at::Tensor> got = {x.grad().clone()};
+  for (const auto& p : moe->parameters()) got.push_back(p.grad().clone());
+  const at::Tensor y_got = moe->forward(x, nullptr).detach();
+  x.mutable_grad().reset();
+  for (auto& p : moe->parameters()) p.mutable_grad().reset();
+
+  // Reference: the routing as the module computes it, then token by token.
+  const at::Tensor flat = x.reshape({N, D});
+  const at::Tensor logits = at::matmul(flat.to(at::kFloat), moe->router.to(at::kFloat).t());
+  const at::Tensor probs = at::softmax(logits, -1);
+  const at::Tensor chosen = std::get<1>((probs.detach() + moe->bias).topk(cfg.top_k, -1));
+  at::Tensor gates = probs.gather(-1, chosen);
+  gates = gates / gates.sum(-1, true);
+  std::vector<at::Tensor> rows;
+  for (int64_t n = 0; n < N; ++n) {
+    at::Tensor acc = at::zeros({D}, at::kDouble);
+    for (int64_t j = 0; j < cfg.top_k; ++j) {
+      const int64_t e = chosen[n][j].item<int64_t>();
+      const at::Tensor h = at::silu(at::matmul(moe->w_gate[e], flat[n])) * at::matmul(moe->w_up[e], flat[n]);
+      acc = acc + at::matmul(moe->w_down[e], h) * gates[n][j].to(at::kDouble);
+    }
+    rows.push_back(acc);
+  }
+  const at::Tensor y_ref = at::stack(rows).view({1, N, D});
+  (y_ref * R).sum().backward();
+  std::vector<at::Tensor> want = {x.grad().clone()};
+  for (const auto& p : moe->parameters()) want.push_back(p.grad().clone());
+
+  EXPECT_GT(chosen.eq(0).sum().item<int64_t>(), chosen.eq(3).sum().item<int64_t>());  // uneven loads
+  EXPECT_LT(max_abs_diff(y_got, y_ref.detach()), 1e-12);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    // The router's gradient passes through the fp32 routing in both (same operations); the rest
+    // is float64 throughout.
+    const double scale = want[i].abs().max().item<double>() + 1e-30;
+    EXPECT_LT(max_abs_diff(got[i], want[i]) / scale, 1e-6) << "gradient " << i;
+  }
+}
