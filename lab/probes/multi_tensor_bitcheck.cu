@@ -3,37 +3,13 @@
 // configuration, one FNV-1a hash of every buffer the call may write (gaps between tensors
 // included). Build once against the previous C API (-DOLD_API, kernels of 0cfd7e1) and once
 // against the new one; identical output = bit-identical results.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "orthopt_kernels.h"
+#include "bitcheck_util.h"
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %d\n", cudaGetErrorString(e_), __LINE__);               \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
-constexpr orthopt_dtype F = ORTHOPT_FP32, B = ORTHOPT_BF16, H = ORTHOPT_FP16;
-static uint64_t g_state = 1;
-static uint64_t next64() {
-  uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-static float uni() { return static_cast<float>((next64() >> 40) / 16777216.0) * 2.0f - 1.0f; }
-static size_t es(orthopt_dtype d) { return d == F ? 4 : 2; }
 static bool g_aligned = false;
 
 enum Kind { kNormal, kPositive, kSteps, kPoison };
@@ -73,23 +49,8 @@ struct Buf {
     for (int64_t o : off) p.push_back(dev + o * es(dt));
   }
   ~Buf() { cudaFree(dev); }
-  void set(int64_t e, float v) {
-    if (dt == F) {
-      std::memcpy(host.data() + e * 4, &v, 4);
-    } else if (dt == B) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(v);
-      std::memcpy(host.data() + e * 2, &b, 2);
-    } else {
-      const __half h = __float2half_rn(v);
-      std::memcpy(host.data() + e * 2, &h, 2);
-    }
-  }
-  uint64_t hash() {
-    CK(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost));
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
-    return h;
-  }
+  void set(int64_t e, float v) { store(host, dt, e, v); }
+  uint64_t hash() { return device_hash(host, dev); }
 #ifndef OLD_API
   orthopt_tensor_list desc(bool present = true) {
     return {static_cast<int64_t>(numel.size()), numel.data(), present ? p.data() : nullptr, dt};
@@ -111,19 +72,6 @@ struct Dev {
   const uint8_t* keep_ptr(int mode) const { return mode == 0 ? nullptr : (mode == 1 ? keep : keep + 1); }
 };
 
-static int g_fail = 0;
-static void out(const std::string& name, orthopt_status st, std::vector<Buf*> written) {
-  CK(cudaDeviceSynchronize());
-  std::printf("%-90s", name.c_str());
-  if (st != ORTHOPT_OK) {
-    std::printf(" ERROR %s\n", orthopt_last_error());
-    ++g_fail;
-    return;
-  }
-  for (Buf* b : written) std::printf(" %016llx", static_cast<unsigned long long>(b->hash()));
-  std::printf("\n");
-}
-static const char* nm(orthopt_dtype d) { return d == F ? "f32" : (d == B ? "bf16" : "f16"); }
 static std::string sizes_name(const std::vector<int64_t>& n) { return "n" + std::to_string(n.size()); }
 
 int main() {

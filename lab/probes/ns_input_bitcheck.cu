@@ -2,40 +2,15 @@
 // one-pass form, and orthopt_norms_from_row_sumsq, the two-pass form's norms) between two trees:
 // deterministic inputs over batches, shapes, dtypes, Nesterov and the skip flag, one FNV-1a hash
 // per buffer written. The overflow handling of the NS input norms must leave every result whose
-// sum of squares does not overflow as it was. Build with -DPREV_NORMS_API against a tree whose
-// orthopt_norms_from_row_sumsq takes (batch, rows, row_sumsq, norms, stream).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// sum of squares does not overflow as it was. lab/probes/bitcheck.sh ns_input builds it with
+// -DPREV_NORMS_API against a tree whose orthopt_norms_from_row_sumsq takes (batch, rows, row_sumsq,
+// norms, stream).
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "orthopt_kernels.h"
-
-#define CK(x)                                                                 \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      std::printf("CUDA error %s at %d\n", cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-
-constexpr orthopt_dtype F = ORTHOPT_FP32, B = ORTHOPT_BF16, H = ORTHOPT_FP16;
-static uint64_t g_state = 1;
-static float uni() {
-  uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>((z >> 40) / 16777216.0) * 2.0f - 1.0f;
-}
-static size_t es(orthopt_dtype d) { return d == F ? 4 : 2; }
-static const char* nm(orthopt_dtype d) { return d == F ? "f32" : (d == B ? "bf16" : "f16"); }
+#include "bitcheck_util.h"
 
 // `count` tensors of `numel` elements each, 16-byte aligned, 0xFF between them.
 struct Buf {
@@ -57,38 +32,10 @@ struct Buf {
     sizes.assign(count, n);
   }
   ~Buf() { cudaFree(dev); }
-  void set(int64_t e, float v) {
-    if (dt == F) {
-      std::memcpy(host.data() + e * 4, &v, 4);
-    } else if (dt == B) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(v);
-      std::memcpy(host.data() + e * 2, &b, 2);
-    } else {
-      const __half h = __float2half_rn(v);
-      std::memcpy(host.data() + e * 2, &h, 2);
-    }
-  }
-  uint64_t hash() {
-    CK(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost));
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
-    return h;
-  }
+  void set(int64_t e, float v) { store(host, dt, e, v); }
+  uint64_t hash() { return device_hash(host, dev); }
   orthopt_tensor_list list() { return {static_cast<int64_t>(p.size()), sizes.data(), p.data(), dt}; }
 };
-
-static int g_fail = 0;
-static void out(const std::string& name, orthopt_status st, std::vector<Buf*> written) {
-  CK(cudaDeviceSynchronize());
-  std::printf("%-70s", name.c_str());
-  if (st != ORTHOPT_OK) {
-    std::printf(" ERROR %s\n", orthopt_last_error());
-    ++g_fail;
-    return;
-  }
-  for (Buf* b : written) std::printf(" %016llx", static_cast<unsigned long long>(b->hash()));
-  std::printf("\n");
-}
 
 int main() {
   uint8_t* keep = nullptr;
@@ -124,7 +71,7 @@ int main() {
             out("ns_input " + std::to_string(s.batch) + "x" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                     " " + nm(t.m) + "/" + nm(t.g) + "->" + nm(t.o) + " nest" + std::to_string(nest) + " keep" +
                     std::to_string(km) + " scale" + std::to_string(scale),
-                st, {&M, &O, &S});
+                st, {&M, &O, &S}, 70);
           }
     // The two-pass form's norms from row sums (positive, with zeros and tiny and large ones).
     for (float scale : {1.0f, 1e-30f, 1e30f}) {
@@ -139,7 +86,7 @@ int main() {
                                        static_cast<const float*>(X.p[0]), static_cast<float*>(N.p[0]), nullptr);
 #endif
       out("norms " + std::to_string(s.batch) + "x" + std::to_string(s.rows) + " scale" + std::to_string(scale), st,
-          {&N});
+          {&N}, 70);
     }
   }
   std::printf("%d configurations, %d errors\n", cfg, g_fail);

@@ -147,53 +147,49 @@ TEST(Trainer, ResumeIsBitExact) {
   EXPECT_EQ(deterministic_metrics(reference_run()), deterministic_metrics(dir));
 }
 
+namespace {
+
+// On the CPU: a run stopped at step 6 with the flags `first` and resumed with `second` ends with
+// the uninterrupted run's checkpoint and metrics. Returns the first part's stdout.
+std::string expect_stopped_and_resumed_like_reference(const std::string& name, std::vector<std::string> first,
+                                                      std::vector<std::string> second) {
+  const std::vector<std::string> cpu = {"--device", "cpu"};
+  fs::path reference = reference_run();
+  if (torch::cuda::is_available()) {  // the shared reference ran under device auto, on the GPU
+    reference = fresh_dir(name + "_reference");
+    const auto r = run(train_args(reference, cpu));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  const auto dir = fresh_dir(name);
+  first.insert(first.begin(), cpu.begin(), cpu.end());
+  first.insert(first.end(), {"--stop-after", "6"});
+  const auto r1 = run(train_args(dir, first));
+  EXPECT_EQ(r1.exit_code, 0) << r1.err;
+  second.insert(second.begin(), cpu.begin(), cpu.end());
+  second.push_back("--resume");
+  const auto r2 = run(train_args(dir, second));
+  EXPECT_EQ(r2.exit_code, 0) << r2.err;
+  expect_same_checkpoint(reference / "step_12", dir / "step_12");
+  EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
+  return r1.out;
+}
+
+}  // namespace
+
 // `deterministic` (like `cuda_graph`) says how a step executes, not what it computes: it is not
 // in the config hash, so a run may be resumed with it toggled; on the CPU, torch's strict mode
 // runs every operation of the loop and changes no bit. On CUDA it picks other kernels (other
 // bits), so the check runs on the CPU, against a CPU reference where the shared one ran on a GPU.
 TEST(Trainer, DeterministicIsAnExecutionOption) {
-  const std::vector<std::string> cpu = {"--device", "cpu"};
-  fs::path reference = reference_run();
-  if (torch::cuda::is_available()) {  // the shared reference ran under device auto, on the GPU
-    reference = fresh_dir("deterministic_reference");
-    const auto r = run(train_args(reference, cpu));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-  }
-  const auto dir = fresh_dir("deterministic");
-  auto first = cpu;
-  first.insert(first.end(), {"--stop-after", "6", "--deterministic", "true"});
-  auto r = run(train_args(dir, first));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("deterministic kernels"), std::string::npos) << r.out;
-  auto second = cpu;
-  second.push_back("--resume");
-  r = run(train_args(dir, second));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  expect_same_checkpoint(reference / "step_12", dir / "step_12");
-  EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
+  const std::string out = expect_stopped_and_resumed_like_reference("deterministic", {"--deterministic", "true"}, {});
+  EXPECT_NE(out.find("deterministic kernels"), std::string::npos) << out;
 }
 
 // Activation checkpointing recomputes the same operations: a run that changes the mode on
 // resume ends with the uninterrupted run's checkpoint and metrics.
 TEST(Trainer, ActivationCheckpointingIsAnExecutionOption) {
-  const std::vector<std::string> cpu = {"--device", "cpu"};
-  fs::path reference = reference_run();
-  if (torch::cuda::is_available()) {
-    reference = fresh_dir("checkpointing_reference");
-    const auto r = run(train_args(reference, cpu));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-  }
-  const auto dir = fresh_dir("activation_checkpointing");
-  auto first = cpu;
-  first.insert(first.end(), {"--stop-after", "6", "--activation-checkpointing", "block"});
-  auto r = run(train_args(dir, first));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto second = cpu;
-  second.insert(second.end(), {"--resume", "--activation-checkpointing", "selective"});
-  r = run(train_args(dir, second));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  expect_same_checkpoint(reference / "step_12", dir / "step_12");
-  EXPECT_EQ(deterministic_metrics(reference), deterministic_metrics(dir));
+  expect_stopped_and_resumed_like_reference("activation_checkpointing", {"--activation-checkpointing", "block"},
+                                            {"--activation-checkpointing", "selective"});
 }
 
 // Dion with the Cholesky QR trains (finite loss, validation written) and says how often it fell
