@@ -147,7 +147,12 @@ Row run_ours(const TrainBenchArgs& a, const train::TrainConfig& c, c10::Device d
              ModelFlops* flops) {
   const train::ModelConfig mcfg = train::model_config_of(c);
 #ifdef ORTHOPT_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  if (device.is_cuda()) {
+    // torch 2.x sets up the caching allocator on the first allocation; its statistics refuse
+    // a device before that ("Invalid device argument").
+    (void)at::empty({1}, at::TensorOptions().device(device));
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  }
 #endif
   torch::manual_seed(c.seed);
   train::Transformer model(mcfg);
