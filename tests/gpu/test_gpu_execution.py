@@ -5,9 +5,10 @@ where every choice gives the default's bits, is tests/python/test_execution.py).
 On CUDA the paths differ in rounding only. Two fields are documented to give the same bits
 (docs/execution.md: `fused_ns_input`, `side_streams`) and are compared bit for bit. The others are
 compared by the parameters' displacement after three steps, relative to the default's: the matrix
-optimizers' paths differ by the bf16/fp16 rounding of their Newton–Schulz products (the GPU
-orthogonalization tests measure 2e-4..3e-3 between paths, test_gpu_ortho.cpp), so 3e-2 leaves a
-margin of ten while a missing, doubled or sign-flipped update differs by 1 or 2; AdamW's paths are
+optimizers' paths differ by the bf16/fp16 rounding of their Newton–Schulz products (2e-4..3e-3
+between paths of one product chain, test_gpu_ortho.cpp; up to the NS error itself, several 1e-2,
+between the kernels and ATen's products, whose roundings differ at every product), so 0.1 keeps a
+margin while a missing, doubled or sign-flipped update differs by 1 or more; AdamW's paths are
 fp32 elementwise (1e-5); Lion's sign can flip where its argument is within rounding of zero (1e-2).
 Skipped without CUDA.
 """
@@ -55,7 +56,7 @@ def test_every_choice_matches_the_default_on_cuda(cls, field, value):
         for a, b in zip(want, got):
             assert torch.equal(a, b)
         return
-    bound = BOUND.get(cls, 3e-2)
+    bound = BOUND.get(cls, 0.1)
     for a, b in zip(want_moves, got_moves):
         assert torch.isfinite(b).all()
         rel = ((a - b).norm() / a.norm()).item()
