@@ -39,13 +39,14 @@ void OptimizerImpl::step_adamw_fused(size_t g, const std::vector<size_t>& idx, c
     const optim_detail::DecayOptions decay{lr.item<double>(), o.weight_decay, o.cautious_weight_decay};
     for (size_t i : idx) {
       auto& st = state_of(g, i);
-      st.at("step").add_(1);
-      // The bias corrections as the reference computes them (0-d fp64), then rounded alike.
-      const at::Tensor t = st.at("step").to(at::kDouble);
+      // The bias corrections as the reference computes them (0-d fp64 from the fp32 step + 1),
+      // then rounded alike; the step count advances after the loop has run.
+      const at::Tensor t = (st.at("step") + 1).to(at::kDouble);
       const double bc1 = (1.0 - at::pow(o.beta1, t)).item<double>();
       const double bc2_sqrt = (1.0 - at::pow(o.beta2, t)).sqrt().item<double>();
       optim_detail::adamw_cpu(groups[g].params[i].grad(), st.at("exp_avg"), st.at("exp_avg_sq"),
                               groups[g].params[i].detach(), bc1, bc2_sqrt, o.beta1, o.beta2, o.eps, decay);
+      st.at("step").add_(1);
     }
     return;
   }
