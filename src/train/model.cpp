@@ -82,8 +82,8 @@ bool cuda_autocast_enabled() {
 }
 
 // What the backward pass needs besides the saved inputs: the function and the forward's
-// autocast state (the backward pass of a CUDA graph runs on another thread, whose autocast is
-// off). The trainer's only autocast is bf16 on CUDA (Bf16Autocast).
+// autocast state (on CUDA the autograd engine runs the backward pass on its device thread, whose
+// autocast is off). The trainer's only autocast is bf16 on CUDA (Bf16Autocast).
 struct RecomputeState : torch::CustomClassHolder {
   RecomputeFn fn;
   bool autocast = false;
