@@ -482,7 +482,7 @@ void register_bench_train(CLI::App& bench, Action& action) {
       ->check(CLI::IsMember({"adamw", "muon", "normuon", "dion3", "dion", "lion"}));
   cmd->add_option("--activation-checkpointing", args->activation_checkpointing,
                   "orthopt's trainer: none, block or selective (the peer keeps every activation)")
-      ->check(CLI::IsMember({"none", "block", "selective"}));
+      ->check(CLI::IsMember(train::activation_checkpointing_modes()));
   cmd->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("--steps", args->steps, "timed steps")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", args->warmup, "untimed steps first (the peer's torch.compile happens here)")

@@ -162,13 +162,7 @@ void validate(const TrainConfig& c) {
     TORCH_CHECK(c.top_k >= 1 && c.top_k <= c.n_experts, "top_k: must be in [1, n_experts=", c.n_experts, "], got ", c.top_k);
   TORCH_CHECK(c.router_bias_rate >= 0.0 && c.router_bias_rate <= 1.0, "router_bias_rate: must be in [0, 1], got ", c.router_bias_rate);
   TORCH_CHECK(c.router_z_loss >= 0.0, "router_z_loss: must be >= 0, got ", c.router_z_loss);
-  {
-    const auto& modes = activation_checkpointing_modes();
-    TORCH_CHECK(std::find(modes.begin(), modes.end(), c.activation_checkpointing) != modes.end(),
-                "activation_checkpointing: must be none, block or selective, got '", c.activation_checkpointing, "'");
-    TORCH_CHECK(c.activation_checkpointing == "none" || c.n_experts == 0, "activation_checkpointing: '",
-                c.activation_checkpointing, "' is not supported with n_experts > 0 (use none)");
-  }
+  validate_activation_checkpointing(c.activation_checkpointing, c.n_experts);
   TORCH_CHECK(c.val_fraction > 0.0 && c.val_fraction < 0.5, "val_fraction: must be in (0, 0.5), got ", c.val_fraction);
   default_matrix_lr(c.algorithm);  // throws naming the valid algorithms
   TORCH_CHECK(c.lr >= 0.0 && c.lr <= 10.0, "lr: must be in [0, 10] (0: the algorithm's preset), got ", c.lr);

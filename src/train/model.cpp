@@ -56,13 +56,16 @@ void validate_model_config(const ModelConfig& c) {
     TORCH_CHECK(c.router_bias_rate >= 0.0, "router_bias_rate: must be >= 0, got ", c.router_bias_rate);
     TORCH_CHECK(c.router_z_loss >= 0.0, "router_z_loss: must be >= 0, got ", c.router_z_loss);
   }
+  validate_activation_checkpointing(c.activation_checkpointing, c.n_experts);
+}
+
+void validate_activation_checkpointing(const std::string& mode, int64_t n_experts) {
   const auto& modes = activation_checkpointing_modes();
-  TORCH_CHECK(std::find(modes.begin(), modes.end(), c.activation_checkpointing) != modes.end(),
-              "activation_checkpointing: must be none, block or selective, got '", c.activation_checkpointing, "'");
+  TORCH_CHECK(std::find(modes.begin(), modes.end(), mode) != modes.end(),
+              "activation_checkpointing: must be none, block or selective, got '", mode, "'");
   // A recomputed MoE block would count its tokens into the router loads twice, and its z-loss
   // term would leave the graph.
-  TORCH_CHECK(c.activation_checkpointing == "none" || c.n_experts == 0,
-              "activation_checkpointing: '", c.activation_checkpointing,
+  TORCH_CHECK(mode == "none" || n_experts == 0, "activation_checkpointing: '", mode,
               "' is not supported with n_experts > 0 (use none)");
 }
 

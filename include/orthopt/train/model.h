@@ -40,6 +40,8 @@ struct ModelConfig {
 };
 
 const std::vector<std::string>& activation_checkpointing_modes();
+// Throws naming activation_checkpointing unless `mode` is one of the modes, and "none" with MoE.
+void validate_activation_checkpointing(const std::string& mode, int64_t n_experts);
 
 // Presets: tiny (~1M params, CPU), small (~6M), gpt2-124m (GPT-2 small's shape with a byte
 // vocabulary, ~85M params, GPU). Throws naming the valid presets.
